@@ -1,0 +1,777 @@
+"""Job configuration: typed, frozen dataclasses, YAML loading, layered overrides, validation.
+
+The dataclass fields *are* the schema: a job file, a site file or a ``--set`` path that names a key
+which is not a field is rejected with the list of valid keys. Layers, lowest first:
+
+    built-in defaults < site file < job file < --set key=value < explicit CLI flags
+
+Everything here is torch-free and click-free; errors are :class:`ConfigError` (exit 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import yaml
+
+from .errors import ConfigError
+
+# --------------------------------------------------------------------------------------------------
+# Slurm side
+# --------------------------------------------------------------------------------------------------
+
+Launcher = Literal["srun", "torchrun"]
+GpuFlag = Literal["gpus-per-node", "gres"]
+ContainerRuntime = Literal["apptainer", "pyxis"]
+
+# Slurm's --time forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+
+
+def time_to_minutes(value: str) -> int:
+    """Minutes of a Slurm ``--time`` string (rounded up, as Slurm does). Raises ValueError."""
+    m = _TIME_RE.match(value.strip())
+    if not m:
+        raise ValueError(value)
+    if m.group(1) is not None:  # D-HH[:MM[:SS]]
+        days, hours = int(m.group(1)), int(m.group(2))
+        minutes, seconds = int(m.group(3) or 0), int(m.group(4) or 0)
+    else:
+        parts = [int(p) for p in (m.group(5), m.group(6), m.group(7)) if p is not None]
+        days = 0
+        if len(parts) == 1:
+            hours, minutes, seconds = 0, parts[0], 0
+        elif len(parts) == 2:
+            hours, minutes, seconds = 0, parts[0], parts[1]
+        else:
+            hours, minutes, seconds = parts
+    total_s = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    return -(-total_s // 60)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerConfig:
+    """Run every task inside a container (the image must hold Python and hpc-train[train])."""
+
+    runtime: ContainerRuntime = "apptainer"
+    """``apptainer`` wraps the launch command in ``apptainer exec --nv``; ``pyxis`` adds
+    ``--container-image`` to srun (enroot/pyxis sites)."""
+    image: str = ""
+    """Image path (apptainer .sif) or reference (pyxis, e.g. ``nvcr.io#nvidia/pytorch:24.05-py3``)."""
+    binds: tuple[str, ...] = ()
+    """Host paths made visible in the container (``src[:dst]``). The submit directory is added."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmConfig:
+    """What the sbatch script asks Slurm for, and how it launches the ranks."""
+
+    nodes: int = 1
+    """Number of nodes."""
+    gpus_per_node: int = 0
+    """GPUs per node. 0 runs on CPUs (gloo)."""
+    tasks_per_node: int | None = None
+    """Training processes (ranks) per node. Unset: one per GPU (``gpus_per_node``), or 1 without GPUs."""
+    cpus_per_task: int = 4
+    """CPU cores per rank (data loading threads, OMP_NUM_THREADS)."""
+    mem_gb: int | None = None
+    """Memory per node in GB; 0 asks for all of it; unset leaves the partition default."""
+    time: str = "01:00:00"
+    """Wall-time limit in Slurm's format (``MM``, ``HH:MM:SS``, ``D-HH:MM`` ...)."""
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    """Ask for whole nodes (``--exclusive``)."""
+    launcher: Launcher = "srun"
+    """``srun``: one Slurm task per rank (default). ``torchrun``: one task per node, c10d rendezvous."""
+    template: str = "default.sbatch.j2"
+    """The sbatch template file, looked up on the template search path (site dirs first)."""
+    modules: tuple[str, ...] = ()
+    """Environment modules to load after ``module purge`` (Lmod or Environment Modules)."""
+    module_purge: bool = True
+    """Run ``module purge`` before loading ``modules`` (only when modules are given)."""
+    venv: str | None = None
+    """A virtualenv to activate on the nodes (its ``bin/activate`` is sourced)."""
+    conda_env: str | None = None
+    """A conda environment to activate on the nodes (conda.sh is sourced first)."""
+    python: str | None = None
+    """Interpreter that runs the ranks. Unset: ``python`` of the activated venv/conda env, else the
+    interpreter that ran ``hpc-train``."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment variables for every rank (NCCL/IB settings usually come from the site file)."""
+    container: ContainerConfig | None = None
+    signal: str = "USR2"
+    """Signal Slurm sends before the time limit (and on preemption); it triggers checkpoint + requeue.
+    Not USR1: NCCL uses it."""
+    signal_delay_s: int = 120
+    """Seconds before the time limit at which ``signal`` is sent."""
+    requeue: bool = True
+    """Requeue the job after a checkpoint on preemption or time limit."""
+    max_requeues: int = 3
+    """Give up requeueing after this many restarts (``SLURM_RESTART_COUNT``)."""
+    gpu_flag: GpuFlag | None = None
+    """How GPUs are requested: ``--gpus-per-node=N`` or ``--gres=gpu:N``. Unset: ``--gpus-per-node``
+    (preflight picks by Slurm version). Usually set once in the site file."""
+    gres_name: str = "gpu"
+    """GRES name for ``gres`` (``--gres=<name>:N``), some sites use typed names like ``gpu:a100``."""
+    cpu_bind: str | None = None
+    """``srun --cpu-bind=`` value (e.g. ``none`` on partitions with non-contiguous masks)."""
+    srun_args: tuple[str, ...] = ()
+    """Extra srun arguments, each one word (they are quoted)."""
+    extra_sbatch: Mapping[str, Any] = field(default_factory=dict)
+    """Extra ``#SBATCH`` keys: ``{mail-type: END}`` → ``#SBATCH --mail-type=END``; ``true`` → bare flag."""
+    master_port_base: int = 20000
+    """MASTER_PORT = base + (job id [+ array task id]) mod ``master_port_span``, bind-checked on node 1."""
+    master_port_span: int = 20000
+    """Range of candidate MASTER_PORTs; keep base+span under the kernel's ephemeral range (32768)."""
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Training processes per node, whatever the launcher."""
+        if self.tasks_per_node is not None:
+            return self.tasks_per_node
+        return self.gpus_per_node if self.gpus_per_node > 0 else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def sbatch_tasks_per_node(self) -> int:
+        """``--ntasks-per-node``: every rank is a task under srun; torchrun is one task per node."""
+        return 1 if self.launcher == "torchrun" else self.ranks_per_node
+
+    @property
+    def sbatch_cpus_per_task(self) -> int:
+        """``--cpus-per-task``: torchrun's single task holds the cores of all its workers."""
+        if self.launcher == "torchrun":
+            return self.cpus_per_task * self.ranks_per_node
+        return self.cpus_per_task
+
+    @property
+    def time_min(self) -> int:
+        return time_to_minutes(self.time)
+
+
+# --------------------------------------------------------------------------------------------------
+# Training side (what every rank runs; consumed by hpc_train/train/)
+# --------------------------------------------------------------------------------------------------
+
+DatasetName = Literal["cifar10-lt", "cifar100-lt", "list", "imagefolder", "digits-lt", "synthetic-lt"]
+ModelName = Literal[
+    "resnet32", "small_cnn", "resnet18", "resnet34", "resnet50", "resnet101",
+    "resnext50_32x4d", "resnext101_32x8d",
+]  # fmt: skip
+LossName = Literal["ce", "focal", "ldam", "balanced_softmax", "logit_adjusted"]
+SamplerName = Literal["instance", "class_balanced", "sqrt", "progressive"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    name: DatasetName = "digits-lt"
+    """Data set: CIFAR-LT from the official python pickles, a list file, an ImageFolder tree,
+    ``digits-lt`` (scikit-learn's bundled real digits) or ``synthetic-lt`` (generated)."""
+    root: str = "data"
+    """Directory holding the data set files (``cifar-10-batches-py`` ..., the list files' image root)."""
+    imbalance_factor: float = 100.0
+    """n_max / n_min of the training set (1 keeps it balanced)."""
+    profile: Literal["exp", "step"] = "exp"
+    """How class sizes fall from head to tail (LDAM-DRW's ``exp`` and ``step``)."""
+    seed: int = 0
+    """Seed of the long-tail subsampling (LDAM-DRW uses 0)."""
+    train_list: str | None = None
+    """List-file data sets: ``relative/path label`` per line (relative to ``root``)."""
+    val_list: str | None = None
+    test_list: str | None = None
+    val_fraction: float = 0.0
+    """Held-out fraction of the training set per class, for choosing τ (never tuned on test)."""
+    num_classes: int = 10
+    """Classes of ``synthetic-lt`` (others read it from the data)."""
+    max_per_class: int = 500
+    """Head-class size of ``synthetic-lt`` and of long-tail subsampled ImageFolder sets."""
+    image_size: int = 32
+    """Side of the training crops (CIFAR and synthetic: 32; ImageNet-style: 224)."""
+    num_workers: int = 4
+    """DataLoader workers per rank for on-disk (large) data sets; in-memory sets ignore it."""
+    download: bool = False
+    """Allow downloading CIFAR when the files are missing (never on by default)."""
+    stage_to: str | None = None
+    """Copy a list-file data set to this node-local directory before training (e.g. ``$TMPDIR``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: ModelName = "small_cnn"
+    classifier: Literal["linear", "cosine"] = "linear"
+    """``cosine`` normalises features and weights (used with LDAM, scale ``loss.ldam_scale``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    name: LossName = "ce"
+    label_smoothing: float = 0.0
+    focal_gamma: float = 1.0
+    ldam_max_margin: float = 0.5
+    ldam_scale: float = 30.0
+    tau: float = 1.0
+    """Temperature of the logit-adjusted loss (1.0 is the paper's choice)."""
+    reweight: Literal["none", "class_balanced"] = "none"
+    """Per-class loss weights from the start (effective number of samples, ``cb_beta``)."""
+    cb_beta: float = 0.9999
+    drw_epoch: int | None = None
+    """Deferred re-weighting: class-balanced weights from this epoch index on (LDAM-DRW: 160)."""
+    posthoc_tau: float | None = None
+    """Also evaluate with post-hoc logit adjustment, logits - tau * log(prior)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplerConfig:
+    name: SamplerName = "instance"
+    progressive_epochs: int | None = None
+    """Progressively balanced: epochs over which sampling moves from instance to class-balanced
+    (default: all epochs)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    name: Literal["sgd", "adamw"] = "sgd"
+    lr: float = 0.1
+    """Learning rate for ``batch_size`` (the global batch)."""
+    momentum: float = 0.9
+    weight_decay: float = 2e-4
+    nesterov: bool = False
+    scale_lr: bool = False
+    """Linear scaling: lr * batch_size / ``base_batch_size``."""
+    base_batch_size: int = 128
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    name: Literal["multistep", "cosine", "constant"] = "multistep"
+    warmup_epochs: int = 0
+    """Linear warm-up from lr/warmup_epochs (LDAM-DRW: 5)."""
+    milestones: tuple[int, ...] = ()
+    """``multistep``: epoch indices where lr is multiplied by ``gamma`` (cumulatively)."""
+    gamma: float = 0.1
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoStageConfig:
+    """Decoupled classifier re-training (cRT) and τ-normalisation after the main training."""
+
+    crt_epochs: int = 0
+    """Epochs of classifier re-training with frozen features and class-balanced sampling (0: off)."""
+    crt_lr: float = 0.2
+    crt_sampler: SamplerName = "class_balanced"
+    tau_norm: bool = False
+    """τ-normalise the classifier weights; τ is picked on the held-out split (``data.val_fraction``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """``auto`` uses CUDA when the job asked for GPUs and fails when CUDA is missing; ``cpu`` forces CPU."""
+    strategy: Literal["ddp", "dp", "none"] = "ddp"
+    """``ddp`` (one process per device); ``dp`` legacy single-process DataParallel; ``none``."""
+    seed: int = 0
+    epochs: int = 30
+    batch_size: int = 128
+    """Global batch (all ranks together); must split evenly across ranks."""
+    eval_batch_size: int = 256
+    sync_bn: bool = False
+    amp: Literal["off", "bf16", "fp16"] = "off"
+    channels_last: bool = False
+    compile: bool = False
+    cudnn_benchmark: bool = True
+    deterministic: bool = False
+    """Deterministic kernels (slower); resume tests use it on CPU."""
+    eval_every_epochs: int = 1
+    checkpoint_every_epochs: int = 1
+    keep_checkpoints: int = 2
+    log_every_steps: int = 50
+    process_group_timeout_s: int = 600
+    """A dead or stuck rank ends the job after this long instead of blocking to the time limit."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    two_stage: TwoStageConfig = field(default_factory=TwoStageConfig)
+
+
+# --------------------------------------------------------------------------------------------------
+# The job
+# --------------------------------------------------------------------------------------------------
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A fully resolved job: what ``render`` turns into an sbatch script and every rank runs."""
+
+    name: str = "hpc-train"
+    """Job name (Slurm ``--job-name``) and the run-directory group under ``runs_dir``."""
+    runs_dir: str = "runs"
+    """Where run directories go (``<runs_dir>/<name>/<job id>``); relative to the submit directory.
+    On a cluster it must be on a filesystem every node sees."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+
+# --------------------------------------------------------------------------------------------------
+# Generic dataclass <-> plain data
+# --------------------------------------------------------------------------------------------------
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses, tuples and mappings as plain dicts/lists (for YAML and JSON)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _is_open_mapping(tp: Any) -> bool:
+    tp, _ = _strip_optional(tp)
+    return typing.get_origin(tp) in (Mapping, dict, typing.Mapping) or tp is dict
+
+
+def _dataclass_type(tp: Any) -> type | None:
+    tp, _ = _strip_optional(tp)
+    return tp if dataclasses.is_dataclass(tp) else None
+
+
+def valid_keys(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _describe(tp: Any) -> str:
+    tp, optional = _strip_optional(tp)
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        text = "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    elif tp is bool:
+        text = "true or false"
+    elif tp is int:
+        text = "an integer"
+    elif tp is float:
+        text = "a number"
+    elif tp is str:
+        text = "a string"
+    elif origin is tuple:
+        text = "a list"
+    elif _is_open_mapping(tp):
+        text = "a mapping"
+    elif dataclasses.is_dataclass(tp):
+        text = "a mapping with keys " + ", ".join(valid_keys(tp))
+    else:
+        text = str(tp)
+    return text + (" (or null)" if optional else "")
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    """Check/convert one YAML value against a field type; raise ConfigError naming ``path``."""
+    inner, optional = _strip_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{path}: must be {_describe(tp)}, got null")
+    origin = typing.get_origin(inner)
+    bad = ConfigError(f"{path}: must be {_describe(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(inner):
+        if not isinstance(value, Mapping):
+            raise bad
+        return build(inner, value, path)
+    if origin is Literal:
+        if value not in typing.get_args(inner):
+            raise bad
+        return value
+    if inner is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if inner is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if inner is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if inner is str:
+        # Numbers are accepted where text is expected (a YAML ``qos: 1`` means the string "1").
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise bad
+        return str(value)
+    if origin is tuple:
+        (item_tp, _ellipsis) = typing.get_args(inner)
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise bad
+        return tuple(_convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value))
+    if _is_open_mapping(inner):
+        if not isinstance(value, Mapping):
+            raise bad
+        key_tp, val_tp = typing.get_args(inner)
+        out = {}
+        for k, v in value.items():
+            if val_tp is str:
+                if isinstance(v, (dict, list)) or v is None:
+                    raise ConfigError(f"{path}.{k}: must be a string, got {v!r}")
+                v = str(v).lower() if isinstance(v, bool) else str(v)
+            out[str(k)] = v
+        return types.MappingProxyType(out)
+    raise bad  # pragma: no cover - every field type is handled above
+
+
+def build(cls: type, data: Mapping[str, Any], path: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys with the list of valid ones."""
+    hints = _hints(cls)
+    names = valid_keys(cls)
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        where = f"under '{path}'" if path else "at the top level"
+        raise ConfigError(
+            f"unknown key {_join(path, str(unknown[0]))!r}; valid keys {where}: {', '.join(names)}"
+        )
+    kwargs = {k: _convert(v, hints[k], _join(path, k)) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # pragma: no cover - all fields have defaults
+        raise ConfigError(f"{path or 'job'}: {exc}") from None
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def check_keys(data: Mapping[str, Any], cls: type, source: str, path: str = "") -> None:
+    """Reject unknown keys in one layer (job file, site file) before merging, naming the source."""
+    names = valid_keys(cls)
+    hints = _hints(cls)
+    for key, value in data.items():
+        if key not in names:
+            where = f"under '{path}'" if path else "at the top level"
+            raise ConfigError(
+                f"{source}: unknown key {_join(path, str(key))!r}; valid keys {where}: {', '.join(names)}"
+            )
+        sub = _dataclass_type(hints[key])
+        if sub is not None and isinstance(value, Mapping):
+            check_keys(value, sub, source, _join(path, key))
+
+
+def check_dotted_key(dotted: str, cls: type = JobSpec) -> None:
+    """Validate a ``--set`` path against the schema (open mappings such as ``slurm.env`` accept any subkey)."""
+    parts = dotted.split(".")
+    current: Any = cls
+    walked = ""
+    for i, part in enumerate(parts):
+        names = valid_keys(current)
+        if part not in names:
+            where = f"under '{walked}'" if walked else "at the top level"
+            raise ConfigError(
+                f"--set {dotted}: unknown key {_join(walked, part)!r}; valid keys {where}: {', '.join(names)}"
+            )
+        tp = _hints(current)[part]
+        walked = _join(walked, part)
+        rest = parts[i + 1 :]
+        if not rest:
+            return
+        if _is_open_mapping(tp):
+            if len(rest) != 1:
+                raise ConfigError(f"--set {dotted}: {walked} takes one more key, e.g. {walked}.NAME=value")
+            return
+        sub = _dataclass_type(tp)
+        if sub is None:
+            raise ConfigError(f"--set {dotted}: {walked} is {_describe(tp)}, it has no sub-keys")
+        current = sub
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading and layering
+# --------------------------------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's base-60 numbers: ``time: 1:30:00`` must stay the text "1:30:00",
+    not the integer 5400."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
+               r"|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+
+
+def load_yaml_file(path: Path, what: str = "job file") -> dict[str, Any]:
+    """Parse a YAML mapping; syntax errors name file, line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found: {path}") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+    return parse_yaml_text(text, str(path), what)
+
+
+def parse_yaml_text(text: str, source: str, what: str = "job file") -> dict[str, Any]:
+    try:
+        data = yaml_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: YAML syntax error: {problem}; fix the {what}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a {what} must be a YAML mapping (key: value), got {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; anything else (lists included) is replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """``dotted.key=value`` with the value read as a YAML scalar (``8`` → int, ``true`` → bool)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.epochs=10")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {item!r}: empty key; expected KEY=VALUE")
+    check_dotted_key(key)
+    try:
+        value = yaml_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw  # not valid YAML: take the text as it is
+    return key, value
+
+
+def dotted_to_nested(key: str, value: Any) -> dict[str, Any]:
+    nested: Any = value
+    for part in reversed(key.split(".")):
+        nested = {part: nested}
+    return nested
+
+
+# Site file: admin defaults. Same shape as a job file, plus where site templates live.
+SITE_ENV = "HPC_TRAIN_SITE"
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    path: Path | None
+    defaults: dict[str, Any]
+    template_dirs: tuple[Path, ...]
+
+
+def site_file_candidates() -> list[Path]:
+    if os.environ.get(SITE_ENV):
+        return [Path(os.environ[SITE_ENV])]
+    return [Path("/etc/hpc-train/site.yaml"), Path.home() / ".config/hpc-train/site.yaml"]
+
+
+def load_site() -> SiteConfig:
+    """Site defaults: ``$HPC_TRAIN_SITE`` alone if set, else ``/etc/hpc-train/site.yaml`` overlaid by
+    ``~/.config/hpc-train/site.yaml`` (both optional)."""
+    explicit = bool(os.environ.get(SITE_ENV))
+    merged: dict[str, Any] = {}
+    template_dirs: list[Path] = []
+    used: Path | None = None
+    for path in site_file_candidates():
+        if not path.exists():
+            if explicit:
+                raise ConfigError(f"site file not found: {path} (from ${SITE_ENV}); fix or unset it")
+            continue
+        data = load_yaml_file(path, "site file")
+        dirs = data.pop("template_dirs", []) or []
+        if isinstance(dirs, str) or not isinstance(dirs, list):
+            raise ConfigError(f"{path}: template_dirs must be a list of directories")
+        template_dirs = [(path.parent / str(d)).expanduser() for d in dirs] + template_dirs
+        check_keys(data, JobSpec, f"site file {path}")
+        merged = deep_merge(merged, data)
+        used = path
+    return SiteConfig(path=used, defaults=merged, template_dirs=tuple(template_dirs))
+
+
+def validate(spec: JobSpec) -> JobSpec:
+    """Cross-field checks; messages say what to change."""
+    s = spec.slurm
+    if not _NAME_RE.match(spec.name):
+        raise ConfigError(
+            f"name: {spec.name!r} is not a usable job name; use letters, digits, '.', '_', '+' and '-'"
+        )
+    if s.nodes < 1:
+        raise ConfigError(f"slurm.nodes must be at least 1, got {s.nodes}; use --nodes N with N >= 1")
+    if s.gpus_per_node < 0:
+        raise ConfigError(f"slurm.gpus_per_node must be 0 or more, got {s.gpus_per_node}")
+    if s.tasks_per_node is not None and s.tasks_per_node < 1:
+        raise ConfigError(f"slurm.tasks_per_node must be at least 1, got {s.tasks_per_node}")
+    if s.gpus_per_node > 0 and s.ranks_per_node != s.gpus_per_node:
+        raise ConfigError(
+            f"{s.ranks_per_node} ranks per node but {s.gpus_per_node} GPUs per node: hpc-train runs one rank "
+            f"per GPU; leave --tasks-per-node unset or set it to {s.gpus_per_node}"
+        )
+    if s.cpus_per_task < 1:
+        raise ConfigError(f"slurm.cpus_per_task must be at least 1, got {s.cpus_per_task}")
+    if s.mem_gb is not None and s.mem_gb < 0:
+        raise ConfigError(f"slurm.mem_gb must be 0 (all memory) or more, got {s.mem_gb}")
+    try:
+        minutes = time_to_minutes(s.time)
+    except ValueError:
+        raise ConfigError(
+            f"slurm.time: {s.time!r} is not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS (e.g. 02:00:00)"
+        ) from None
+    if minutes < 1:
+        raise ConfigError(f"slurm.time: {s.time!r} is zero; give the job at least one minute")
+    if s.signal_delay_s < 0 or s.signal_delay_s >= minutes * 60:
+        raise ConfigError(
+            f"slurm.signal_delay_s={s.signal_delay_s} must be >= 0 and shorter than the time limit ({s.time})"
+        )
+    if not re.fullmatch(r"[A-Z0-9]+", s.signal) or s.signal in ("KILL", "STOP", "9", "19"):
+        raise ConfigError(f"slurm.signal: {s.signal!r} is not a catchable signal name; use USR2 or TERM")
+    if s.max_requeues < 0:
+        raise ConfigError(f"slurm.max_requeues must be 0 or more, got {s.max_requeues}")
+    if s.container is not None and not s.container.image:
+        raise ConfigError("slurm.container.image is empty; give an image or remove slurm.container")
+    if s.venv and s.conda_env:
+        raise ConfigError("set slurm.venv or slurm.conda_env, not both")
+    for key in s.extra_sbatch:
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
+            raise ConfigError(f"slurm.extra_sbatch: {key!r} is not an sbatch option name (e.g. mail-type)")
+    for key in s.env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ConfigError(f"slurm.env: {key!r} is not a valid environment variable name")
+    if not (1024 <= s.master_port_base and s.master_port_base + s.master_port_span <= 65535 and s.master_port_span > 0):
+        raise ConfigError("slurm.master_port_base/span must keep ports within 1024-65535")
+    t = spec.train
+    if t.epochs < 1:
+        raise ConfigError(f"train.epochs must be at least 1, got {t.epochs}")
+    if t.batch_size < 1:
+        raise ConfigError(f"train.batch_size must be at least 1, got {t.batch_size}")
+    if t.strategy == "ddp" and t.batch_size % s.world_size:
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} does not split across {s.world_size} ranks; "
+            f"use a multiple of {s.world_size}"
+        )
+    if t.strategy != "ddp" and s.world_size > 1:
+        raise ConfigError(
+            f"train.strategy={t.strategy} runs in one process but the job has {s.world_size} ranks; "
+            "use strategy ddp or one task"
+        )
+    if t.data.imbalance_factor < 1:
+        raise ConfigError(f"train.data.imbalance_factor must be >= 1 (n_max/n_min), got {t.data.imbalance_factor}")
+    return spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSources:
+    """Where a job's layers came from: useful in messages and recorded in the run directory."""
+
+    job_file: Path | None
+    site_file: Path | None
+    template_dirs: tuple[Path, ...]
+
+
+def default_job_path() -> Path:
+    """The built-in default job (the digits demo), shipped in the package's ``jobs/``."""
+    from .resources import jobs_dir
+
+    return jobs_dir() / "digits_lt_demo.yaml"
+
+
+def resolve_job(
+    job_file: Path | None,
+    *,
+    sets: Sequence[str] = (),
+    flags: Mapping[str, Any] | None = None,
+    site: SiteConfig | None = None,
+) -> tuple[JobSpec, JobSources]:
+    """Layer built-in defaults < site < job file < --set < flags and return a validated JobSpec.
+
+    ``flags`` are dotted keys (``slurm.nodes``) from explicit CLI options; ``None`` values are ignored.
+    """
+    site = load_site() if site is None else site
+    path = job_file if job_file is not None else default_job_path()
+    job_data = load_yaml_file(path)
+    check_keys(job_data, JobSpec, f"job file {path}")
+    merged = deep_merge(site.defaults, job_data)
+    for item in sets:
+        key, value = parse_set(item)
+        merged = deep_merge(merged, dotted_to_nested(key, value))
+    for key, value in (flags or {}).items():
+        if value is not None:
+            merged = deep_merge(merged, dotted_to_nested(key, value))
+    # ``--gpus G`` alone means one rank per GPU, whatever tasks_per_node the job file had.
+    if flags and flags.get("slurm.gpus_per_node") is not None and flags.get("slurm.tasks_per_node") is None:
+        merged.setdefault("slurm", {})
+        merged["slurm"] = {**merged["slurm"], "tasks_per_node": None}
+    spec = validate(build(JobSpec, merged))
+    return spec, JobSources(job_file=path, site_file=site.path, template_dirs=site.template_dirs)
+
+
+def dump_yaml(spec: JobSpec) -> str:
+    """The resolved job as YAML (what the plain sbatch script carries in its heredoc)."""
+    return yaml.safe_dump(spec.to_dict(), sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def spec_from_yaml_text(text: str, source: str) -> JobSpec:
+    data = parse_yaml_text(text, source)
+    check_keys(data, JobSpec, source)
+    return validate(build(JobSpec, data))
+
+
+def replace(spec: JobSpec, **changes: Any) -> JobSpec:
+    return dataclasses.replace(spec, **changes)
