@@ -10,6 +10,7 @@ Everything here is torch-free and click-free; errors are :class:`ConfigError` (e
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import os
 import re
@@ -177,65 +178,100 @@ SamplerName = Literal["instance", "class_balanced", "sqrt", "progressive"]
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
+    """Which images, how the long tail is made, and how batches are produced."""
+
     name: DatasetName = "digits-lt"
     """Data set: CIFAR-LT from the official python pickles, a list file, an ImageFolder tree,
     ``digits-lt`` (scikit-learn's bundled real digits) or ``synthetic-lt`` (generated)."""
     root: str = "data"
-    """Directory holding the data set files (``cifar-10-batches-py`` ..., the list files' image root)."""
+    """Directory holding the data set files: ``cifar-10-batches-py`` / ``cifar-100-python`` for CIFAR,
+    the image root of list files, the ``train/`` and ``test/`` (or ``val/``) folders of ImageFolder."""
     imbalance_factor: float = 100.0
     """n_max / n_min of the training set (1 keeps it balanced)."""
     profile: Literal["exp", "step"] = "exp"
     """How class sizes fall from head to tail (LDAM-DRW's ``exp`` and ``step``)."""
     seed: int = 0
-    """Seed of the long-tail subsampling (LDAM-DRW uses 0)."""
+    """Seed of the long-tail subsampling and of the held-out splits (LDAM-DRW uses 0)."""
     train_list: str | None = None
-    """List-file data sets: ``relative/path label`` per line (relative to ``root``)."""
+    """List-file data sets: ``relative/path label`` per line, paths relative to ``root`` (the list
+    file itself: absolute, or relative to ``root``)."""
     val_list: str | None = None
+    """List-file held-out split (used to choose τ; never the test list)."""
     test_list: str | None = None
+    """List-file test split (what the reported accuracies are measured on)."""
     val_fraction: float = 0.0
-    """Held-out fraction of the training set per class, for choosing τ (never tuned on test)."""
+    """Held-out fraction of the training set per class (at least one image per class), for choosing
+    τ. It shrinks the training set, so the published CIFAR-LT counts hold only at 0."""
     num_classes: int = 10
-    """Classes of ``synthetic-lt`` (others read it from the data)."""
+    """Classes of ``synthetic-lt`` (the other data sets know their own)."""
     max_per_class: int = 500
-    """Head-class size of ``synthetic-lt`` and of long-tail subsampled ImageFolder sets."""
+    """Head-class size of ``synthetic-lt``; cap on the head class of long-tail subsampled ImageFolder sets."""
+    test_per_class: int = 50
+    """Balanced test images per class of ``digits-lt`` (held out from the real digits before the long
+    tail is cut) and of ``synthetic-lt``."""
     image_size: int = 32
-    """Side of the training crops (CIFAR and synthetic: 32; ImageNet-style: 224)."""
+    """Side of the training crops of on-disk sets (list, ImageFolder: 224 for ImageNet-style data) and of
+    ``synthetic-lt`` images. CIFAR is 32 and digits 8 whatever this says."""
+    random_crop_padding: int | None = None
+    """Random-crop padding of in-memory sets (zero padding, crop back to size). Unset: 4 for 32-pixel
+    sets (the CIFAR recipe), 1 for the 8-pixel digits."""
+    random_flip: bool | None = None
+    """Random horizontal flips. Unset: on, except for ``digits-lt`` (a flipped digit is another glyph)."""
     num_workers: int = 4
     """DataLoader workers per rank for on-disk (large) data sets; in-memory sets ignore it."""
     download: bool = False
     """Allow downloading CIFAR when the files are missing (never on by default)."""
     stage_to: str | None = None
-    """Copy a list-file data set to this node-local directory before training (e.g. ``$TMPDIR``)."""
+    """Copy a list-file data set's images to this node-local directory before training (e.g. ``/tmp``
+    or ``$TMPDIR``); one rank per node copies, files already there with the same size are kept."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
+    """The network: a backbone that produces features and a classifier on top."""
+
     name: ModelName = "small_cnn"
+    """``resnet32`` (CIFAR ResNet, option-A shortcuts), ``small_cnn`` (digits), or a torchvision
+    ResNet/ResNeXt built without pretrained weights."""
     classifier: Literal["linear", "cosine"] = "linear"
-    """``cosine`` normalises features and weights (used with LDAM, scale ``loss.ldam_scale``)."""
+    """``cosine`` normalises features and weights (LDAM's NormedLinear; the loss applies
+    ``loss.ldam_scale``, so pair it with ``ldam``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class LossConfig:
+    """Training loss and per-class re-weighting."""
+
     name: LossName = "ce"
+    """``ce``, ``focal``, ``ldam``, ``balanced_softmax`` (logits + log n_c) or ``logit_adjusted``
+    (logits + τ log π_c)."""
     label_smoothing: float = 0.0
+    """Label smoothing of ``ce`` (the other losses reject it rather than ignore it)."""
     focal_gamma: float = 1.0
+    """Focusing parameter γ of ``focal`` (LDAM-DRW uses 1)."""
     ldam_max_margin: float = 0.5
+    """Largest LDAM margin (the rarest class's); margins fall as n_c^-1/4."""
     ldam_scale: float = 30.0
+    """Logit scale s of LDAM (needed with the cosine classifier, whose logits lie in [-1, 1])."""
     tau: float = 1.0
     """Temperature of the logit-adjusted loss (1.0 is the paper's choice)."""
     reweight: Literal["none", "class_balanced"] = "none"
     """Per-class loss weights from the start (effective number of samples, ``cb_beta``)."""
     cb_beta: float = 0.9999
+    """β of the class-balanced weights (1-β)/(1-β^n_c), normalised to sum to the number of classes."""
     drw_epoch: int | None = None
     """Deferred re-weighting: class-balanced weights from this epoch index on (LDAM-DRW: 160)."""
     posthoc_tau: float | None = None
-    """Also evaluate with post-hoc logit adjustment, logits - tau * log(prior)."""
+    """Also evaluate with post-hoc logit adjustment, logits - tau * log(prior) (reported as ``posthoc``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class SamplerConfig:
+    """How training indices are drawn; every sampler is distributed-aware (one global sequence per epoch)."""
+
     name: SamplerName = "instance"
+    """``instance`` (a permutation), ``class_balanced`` (class uniform, then instance), ``sqrt`` (class
+    ∝ sqrt(n_c)) or ``progressive`` (instance → class-balanced over ``progressive_epochs``)."""
     progressive_epochs: int | None = None
     """Progressively balanced: epochs over which sampling moves from instance to class-balanced
     (default: all epochs)."""
@@ -243,25 +279,33 @@ class SamplerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
+    """Optimizer (weight decay applies to every parameter, as in LDAM-DRW)."""
+
     name: Literal["sgd", "adamw"] = "sgd"
     lr: float = 0.1
     """Learning rate for ``batch_size`` (the global batch)."""
     momentum: float = 0.9
+    """SGD momentum (AdamW ignores it)."""
     weight_decay: float = 2e-4
     nesterov: bool = False
     scale_lr: bool = False
     """Linear scaling: lr * batch_size / ``base_batch_size``."""
     base_batch_size: int = 128
+    """The batch size ``lr`` was tuned for (used by ``scale_lr``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleConfig:
+    """Learning-rate schedule, a pure function of (epoch, step) so resuming needs no extra state."""
+
     name: Literal["multistep", "cosine", "constant"] = "multistep"
+    """``multistep``: ×gamma at each milestone; ``cosine``: per-step cosine to 0 after warm-up."""
     warmup_epochs: int = 0
-    """Linear warm-up from lr/warmup_epochs (LDAM-DRW: 5)."""
+    """Linear warm-up per epoch: lr * (epoch + 1) / warmup_epochs for the first epochs (LDAM-DRW: 5)."""
     milestones: tuple[int, ...] = ()
     """``multistep``: epoch indices where lr is multiplied by ``gamma`` (cumulatively)."""
     gamma: float = 0.1
+    """``multistep`` factor per milestone (LDAM-DRW: 0.01 at 160 and again at 180)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,33 +315,57 @@ class TwoStageConfig:
     crt_epochs: int = 0
     """Epochs of classifier re-training with frozen features and class-balanced sampling (0: off)."""
     crt_lr: float = 0.2
+    """Peak lr of cRT (cosine schedule, no warm-up; scaled like ``optim.lr`` when ``scale_lr``)."""
     crt_sampler: SamplerName = "class_balanced"
+    """Sampler of the cRT epochs."""
     tau_norm: bool = False
-    """τ-normalise the classifier weights; τ is picked on the held-out split (``data.val_fraction``)."""
+    """τ-normalise the classifier weights (w_c / ||w_c||^τ, bias dropped); τ is picked on the held-out
+    split (``data.val_fraction`` or ``data.val_list``) from 0, 0.1, ..., 2, never on test."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
+    """What every rank runs: data, model, loss, sampler, optimizer, schedule and the run mechanics."""
+
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """``auto`` uses CUDA when the job asked for GPUs and fails when CUDA is missing; ``cpu`` forces CPU."""
     strategy: Literal["ddp", "dp", "none"] = "ddp"
-    """``ddp`` (one process per device); ``dp`` legacy single-process DataParallel; ``none``."""
+    """``ddp`` (one process per device); ``dp`` legacy single-process DataParallel over the visible
+    GPUs of one node (kept for old recipes; slower than DDP); ``none`` (one process, one device)."""
     seed: int = 0
+    """Seed of model initialisation, sampling and augmentation (data subsampling uses ``data.seed``)."""
     epochs: int = 30
+    """Epochs of the main training (cRT epochs come on top)."""
     batch_size: int = 128
     """Global batch (all ranks together); must split evenly across ranks."""
     eval_batch_size: int = 256
+    """Evaluation batch per rank."""
     sync_bn: bool = False
+    """SyncBatchNorm across ranks (CUDA only); helps when the per-GPU batch is small."""
     amp: Literal["off", "bf16", "fp16"] = "off"
+    """Mixed precision: ``bf16`` (A100/H100 and newer), ``fp16`` with a gradient scaler (V100/T4), ``off``."""
     channels_last: bool = False
+    """NHWC memory format for model and inputs (faster convolutions with AMP on tensor cores)."""
     compile: bool = False
+    """``torch.compile`` the model (the first steps are slow while it compiles)."""
     cudnn_benchmark: bool = True
+    """Let cuDNN pick the fastest convolution algorithms (ignored when ``deterministic``)."""
     deterministic: bool = False
     """Deterministic kernels (slower); resume tests use it on CPU."""
+    num_threads: int | None = None
+    """CPU threads per rank (intra-op). Unset: ``$OMP_NUM_THREADS``, else the usable cores divided by
+    the ranks on this node."""
     eval_every_epochs: int = 1
+    """Evaluate on the test split every this many epochs (and always after the last one)."""
     checkpoint_every_epochs: int = 1
+    """Checkpoint every this many epochs (and always at the end and on preemption)."""
     keep_checkpoints: int = 2
+    """Checkpoints kept in the run directory (older ones are deleted after a successful save)."""
     log_every_steps: int = 50
+    """Progress line (epoch, step, loss, lr, images/s, ETA) every this many steps, from rank 0."""
+    preempt_check_every_steps: int = 10
+    """How often ranks agree (one all-reduce) on whether a preemption signal arrived; also at every
+    epoch end. Small against the signal's lead time (``slurm.signal_delay_s``)."""
     process_group_timeout_s: int = 600
     """A dead or stuck rank ends the job after this long instead of blocking to the time limit."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -313,7 +381,8 @@ class TrainConfig:
 # The job
 # --------------------------------------------------------------------------------------------------
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+# A job name becomes a directory name and an #SBATCH value: anything printable except '/'.
+_NAME_FORBIDDEN = re.compile(r"[/\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,7 +432,7 @@ def _strip_optional(tp: Any) -> tuple[Any, bool]:
 
 def _is_open_mapping(tp: Any) -> bool:
     tp, _ = _strip_optional(tp)
-    return typing.get_origin(tp) in (Mapping, dict, typing.Mapping) or tp is dict
+    return typing.get_origin(tp) in (collections.abc.Mapping, dict) or tp is dict
 
 
 def _dataclass_type(tp: Any) -> type | None:
@@ -649,10 +718,15 @@ def load_site() -> SiteConfig:
 def validate(spec: JobSpec) -> JobSpec:
     """Cross-field checks; messages say what to change."""
     s = spec.slurm
-    if not _NAME_RE.match(spec.name):
+    if not spec.name or spec.name in (".", "..") or spec.name.startswith("-") or _NAME_FORBIDDEN.search(spec.name):
         raise ConfigError(
-            f"name: {spec.name!r} is not a usable job name; use letters, digits, '.', '_', '+' and '-'"
+            f"name: {spec.name!r} cannot be a job name (it names a directory): no '/', newline or control "
+            "characters, not empty, not starting with '-'"
         )
+    for key in ("partition", "account", "qos", "constraint", "time", "gres_name"):
+        value = getattr(s, key)
+        if value is not None and ("\n" in value or "\r" in value):
+            raise ConfigError(f"slurm.{key}: {value!r} contains a newline, which an #SBATCH line cannot carry")
     if s.nodes < 1:
         raise ConfigError(f"slurm.nodes must be at least 1, got {s.nodes}; use --nodes N with N >= 1")
     if s.gpus_per_node < 0:
@@ -697,6 +771,13 @@ def validate(spec: JobSpec) -> JobSpec:
     if not (1024 <= s.master_port_base and s.master_port_base + s.master_port_span <= 65535 and s.master_port_span > 0):
         raise ConfigError("slurm.master_port_base/span must keep ports within 1024-65535")
     t = spec.train
+    _validate_train(t, s)
+    return spec
+
+
+def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:
+    """Training-side cross-field checks (the Literal fields are already checked by :func:`build`)."""
+    d, loss = t.data, t.loss
     if t.epochs < 1:
         raise ConfigError(f"train.epochs must be at least 1, got {t.epochs}")
     if t.batch_size < 1:
@@ -711,9 +792,70 @@ def validate(spec: JobSpec) -> JobSpec:
             f"train.strategy={t.strategy} runs in one process but the job has {s.world_size} ranks; "
             "use strategy ddp or one task"
         )
-    if t.data.imbalance_factor < 1:
-        raise ConfigError(f"train.data.imbalance_factor must be >= 1 (n_max/n_min), got {t.data.imbalance_factor}")
-    return spec
+    for name in ("eval_batch_size", "eval_every_epochs", "checkpoint_every_epochs", "keep_checkpoints",
+                 "log_every_steps", "preempt_check_every_steps", "process_group_timeout_s"):
+        if getattr(t, name) < 1:
+            raise ConfigError(f"train.{name} must be at least 1, got {getattr(t, name)}")
+    if t.num_threads is not None and t.num_threads < 1:
+        raise ConfigError(f"train.num_threads must be at least 1 (or unset), got {t.num_threads}")
+    if t.device == "cpu" or (t.device == "auto" and s.gpus_per_node == 0):
+        if t.amp == "fp16":
+            raise ConfigError("train.amp=fp16 needs CUDA (its gradient scaler is a GPU tool); use bf16 or off on CPU")
+        if t.sync_bn:
+            raise ConfigError("train.sync_bn needs CUDA; set it to false for CPU runs")
+    if d.imbalance_factor < 1:
+        raise ConfigError(f"train.data.imbalance_factor must be >= 1 (n_max/n_min), got {d.imbalance_factor}")
+    if not 0 <= d.val_fraction < 1:
+        raise ConfigError(f"train.data.val_fraction must be in [0, 1), got {d.val_fraction}")
+    if d.num_workers < 0:
+        raise ConfigError(f"train.data.num_workers must be 0 or more, got {d.num_workers}")
+    if d.random_crop_padding is not None and d.random_crop_padding < 0:
+        raise ConfigError(f"train.data.random_crop_padding must be 0 or more, got {d.random_crop_padding}")
+    for name in ("num_classes", "max_per_class", "test_per_class", "image_size"):
+        if getattr(d, name) < (2 if name == "num_classes" else 1):
+            raise ConfigError(f"train.data.{name} is too small: {getattr(d, name)}")
+    if d.name == "list" and not (d.train_list and d.test_list):
+        raise ConfigError("train.data.name=list needs train.data.train_list and train.data.test_list "
+                          "(files of 'relative/path label' lines)")
+    if d.name != "list" and (d.train_list or d.val_list or d.test_list):
+        raise ConfigError(f"train.data.train_list/val_list/test_list are for name=list, not {d.name}; remove them")
+    if d.stage_to and d.name != "list":
+        raise ConfigError("train.data.stage_to copies list-file data sets only; remove it or use name=list")
+    if loss.label_smoothing and loss.name != "ce":
+        raise ConfigError(f"train.loss.label_smoothing applies to ce only, not {loss.name}; set it to 0")
+    if not 0 <= loss.label_smoothing < 1:
+        raise ConfigError(f"train.loss.label_smoothing must be in [0, 1), got {loss.label_smoothing}")
+    if loss.focal_gamma < 0:
+        raise ConfigError(f"train.loss.focal_gamma must be >= 0, got {loss.focal_gamma}")
+    if loss.ldam_max_margin <= 0 or loss.ldam_scale <= 0:
+        raise ConfigError("train.loss.ldam_max_margin and ldam_scale must be positive")
+    if not 0 <= loss.cb_beta < 1:
+        raise ConfigError(f"train.loss.cb_beta must be in [0, 1), got {loss.cb_beta}")
+    if loss.drw_epoch is not None:
+        if not 0 <= loss.drw_epoch < t.epochs:
+            raise ConfigError(f"train.loss.drw_epoch={loss.drw_epoch} must be an epoch index in [0, {t.epochs})")
+        if loss.reweight != "none":
+            raise ConfigError("train.loss.drw_epoch defers re-weighting; it needs reweight: none (not both)")
+    if t.model.classifier == "cosine" and loss.name != "ldam":
+        raise ConfigError("train.model.classifier=cosine gives logits in [-1, 1] and is scaled by the LDAM loss "
+                          "only; use loss ldam or classifier linear")
+    if t.sampler.progressive_epochs is not None and t.sampler.progressive_epochs < 1:
+        raise ConfigError(f"train.sampler.progressive_epochs must be at least 1, got {t.sampler.progressive_epochs}")
+    if t.optim.lr <= 0 or t.optim.base_batch_size < 1 or t.optim.weight_decay < 0:
+        raise ConfigError("train.optim: lr must be > 0, base_batch_size >= 1 and weight_decay >= 0")
+    sch = t.schedule
+    if not 0 <= sch.warmup_epochs < t.epochs:
+        raise ConfigError(f"train.schedule.warmup_epochs={sch.warmup_epochs} must be in [0, epochs={t.epochs})")
+    if list(sch.milestones) != sorted(sch.milestones) or any(m < 1 for m in sch.milestones):
+        raise ConfigError(f"train.schedule.milestones must be increasing epoch indices >= 1, got {list(sch.milestones)}")
+    if sch.milestones and sch.name != "multistep":
+        raise ConfigError(f"train.schedule.milestones are used by multistep only, not {sch.name}; remove them")
+    ts = t.two_stage
+    if ts.crt_epochs < 0 or ts.crt_lr <= 0:
+        raise ConfigError("train.two_stage: crt_epochs must be >= 0 and crt_lr > 0")
+    if ts.tau_norm and not (d.val_fraction > 0 or d.val_list):
+        raise ConfigError("train.two_stage.tau_norm picks τ on a held-out split, never on test: set "
+                          "train.data.val_fraction (e.g. 0.1) or train.data.val_list")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,48 @@
+# The two commands a new user runs first (README): `make demo` and `make test`.
+# Each creates .venv when it is missing. Everything else is here for developers and CI.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-dev
+
+.PHONY: demo test test-py test-ansible slurm-up slurm-down bench bench-quick clean venv
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	# torch/torchvision: the releases pinned on this platform's disk (see README, "Install").
+	$(VPY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+## The main job on the embedded default: 2 local DDP ranks on CPUs, real bundled data.
+demo: $(STAMP)
+	$(VENV)/bin/hpc-train submit --cluster local --wait
+
+## Everything CI runs: Python suites (unit, training, real Slurm) then the Ansible ladder.
+test: $(STAMP)
+	$(MAKE) test-py
+	$(MAKE) test-ansible
+
+test-py: $(STAMP)
+	$(VPY) -m pytest -q tests --ignore=tests/ansible
+
+test-ansible:
+	bash tests/ansible/run.sh
+
+slurm-up:
+	tests/cluster/slurm-up
+
+slurm-down:
+	tests/cluster/slurm-down
+
+bench: $(STAMP)
+	$(VPY) benchmarks/run.py
+
+bench-quick: $(STAMP)
+	$(VPY) benchmarks/run.py --quick
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache

@@ -1,0 +1,192 @@
+"""Jinja environment, template search path, quoting filters, and the pure ``render_sbatch``.
+
+``render_sbatch(spec, ...) -> str`` reads templates and returns text: no Slurm, no submitit, nothing
+written. Two forms share one template (DESIGN.md decision 1):
+
+* ``plain``: self-contained; ``sbatch`` it by hand. It carries the resolved job as a heredoc, writes it
+  into the run directory and launches ``python -m hpc_train.train``.
+* ``submitit``: the same script whose launch line is submitit's ``_submit`` command and whose log paths
+  are submitit's (see ``hpc_train/submitit_hook.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import shlex
+import traceback
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, Sequence
+
+import jinja2
+
+from . import __version__
+from .config import JobSpec, dump_yaml
+from .errors import TemplateError
+from .resources import templates_dir
+
+Form = Literal["plain", "submitit"]
+
+
+def shquote(value: Any) -> str:
+    """One shell word, whatever the value holds (spaces, quotes, ``$(...)``, newlines)."""
+    return shlex.quote(str(value))
+
+
+def sbatch_value(value: Any) -> str:
+    """A value on an ``#SBATCH`` line: quoted like a shell word; a newline cannot be carried at all
+    (the rest would become a shell command), so it is refused."""
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        raise TemplateError(f"a value on an #SBATCH line contains a newline: {text!r}; remove it")
+    return shquote(text)
+
+
+def sbatch_flag(value: str) -> str:
+    """``--name=value`` for an option built by hpc-train itself (e.g. the GPU request)."""
+    name, _, rest = value.partition("=")
+    return f"{name}={sbatch_value(rest)}" if rest else name
+
+
+def comment(value: Any) -> str:
+    return " ".join(str(value).split())
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How the ranks are started and where the batch log goes."""
+
+    form: Form = "plain"
+    stdout: str = "slurm-%x-%j.out"
+    """``#SBATCH --output``: relative to the submit directory, which always exists (a missing output
+    directory makes Slurm fail the job without a word)."""
+    stderr: str = "slurm-%x-%j.out"
+    command: str = ""
+    """``submitit`` form: submitit's ``python -u -m submitit.core._submit <folder>`` (already quoted)."""
+    task_stdout: str = ""
+    task_stderr: str = ""
+    array: str | None = None
+    """``--array`` value (``0-2%2``) for sweeps."""
+
+
+def search_path(site_dirs: Sequence[Path] = ()) -> list[Path]:
+    """Site template directories first, then the package's own."""
+    return [Path(d) for d in site_dirs] + [templates_dir()]
+
+
+@functools.lru_cache(maxsize=8)
+def _environment(dirs: tuple[str, ...]) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(list(dirs)),
+        undefined=jinja2.StrictUndefined,  # a missing variable is an error, never an empty string
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters.update(shquote=shquote, sbatch=sbatch_value, sbatch_flag=sbatch_flag, comment=comment)
+    return env
+
+
+def environment(site_dirs: Sequence[Path] = ()) -> jinja2.Environment:
+    return _environment(tuple(str(d) for d in search_path(site_dirs)))
+
+
+def list_templates(site_dirs: Sequence[Path] = ()) -> list[tuple[str, Path]]:
+    """Top-level templates (``*.sbatch.j2``) as (name, file that wins on the search path)."""
+    seen: dict[str, Path] = {}
+    for directory in search_path(site_dirs):
+        if directory.is_dir():
+            for path in sorted(directory.glob("*.sbatch.j2")):
+                seen.setdefault(path.name, path)
+    return sorted(seen.items())
+
+
+def _template_location(exc: BaseException) -> str:
+    """``file:line`` of the innermost template frame in a Jinja traceback."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.filename and frame.filename.endswith(".j2"):
+            return f"{frame.filename}:{frame.lineno}"
+    return "<template>"
+
+
+def gpu_request(spec: JobSpec) -> str | None:
+    s = spec.slurm
+    if s.gpus_per_node <= 0:
+        return None
+    if s.gpu_flag == "gres":
+        return f"--gres={s.gres_name}:{s.gpus_per_node}"
+    return f"--gpus-per-node={s.gpus_per_node}"
+
+
+def heredoc_delimiter(text: str) -> str:
+    """A heredoc end marker that cannot occur as a line of ``text`` (derived from its hash)."""
+    marker = "HPC_TRAIN_JOB_" + hashlib.sha256(text.encode()).hexdigest()[:12].upper()
+    while marker in text.splitlines():  # pragma: no cover - would need a hash preimage
+        marker += "_"
+    return marker
+
+
+def render_sbatch(
+    spec: JobSpec,
+    *,
+    runs_root: str,
+    python: str,
+    launch: LaunchSpec | None = None,
+    site_dirs: Sequence[Path] = (),
+) -> str:
+    """The complete sbatch script for ``spec``.
+
+    ``runs_root`` is the absolute directory holding run groups (``runs_dir`` resolved against the
+    submit directory); ``python`` is the interpreter the ranks run.
+    """
+    launch = launch or LaunchSpec()
+    env = environment(site_dirs)
+    name = spec.slurm.template
+    try:
+        template = env.get_template(name)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"{exc.filename}:{exc.lineno}: template syntax error: {exc.message}") from None
+    except jinja2.TemplateNotFound as exc:
+        where = ", ".join(str(d) for d in search_path(site_dirs))
+        raise TemplateError(f"template {exc.name!r} not found; search path: {where}") from None
+    job_yaml = dump_yaml(spec)
+    run_group = str(PurePosixPath(runs_root) / spec.name)
+    binds: list[str] = []
+    if spec.slurm.container is not None:
+        binds = list(dict.fromkeys([*spec.slurm.container.binds, runs_root]))
+    context = dict(
+        job=spec,
+        runs_root=runs_root,
+        run_group=run_group,
+        python=python,
+        launch=launch,
+        job_yaml=job_yaml,
+        job_yaml_eof=heredoc_delimiter(job_yaml),
+        template_name=name,
+        version=__version__,
+        gpu_request=gpu_request(spec),
+        container_binds=binds,
+    )
+    try:
+        return template.render(**context)
+    except TemplateError:
+        raise
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"{exc.filename}:{exc.lineno}: template syntax error: {exc.message}") from None
+    except jinja2.TemplateNotFound as exc:
+        raise TemplateError(f"{_template_location(exc)}: included template {exc.name!r} not found") from None
+    except jinja2.UndefinedError as exc:
+        raise TemplateError(f"{_template_location(exc)}: {exc.message}") from None
+    except Exception as exc:  # a filter or test raised inside the template
+        raise TemplateError(f"{_template_location(exc)}: {type(exc).__name__}: {exc}") from None
+
+
+def template_source(name: str, site_dirs: Sequence[Path] = ()) -> tuple[Path, str]:
+    for directory in search_path(site_dirs):
+        path = directory / name
+        if path.is_file():
+            return path, path.read_text(encoding="utf-8")
+    where = ", ".join(str(d) for d in search_path(site_dirs))
+    raise TemplateError(f"template {name!r} not found; search path: {where}")

@@ -1,0 +1,65 @@
+"""The one place that couples hpc-train to submitit internals.
+
+submitit builds its sbatch file in ``SlurmExecutor._make_submission_file_text(command, uid)``; we
+override that hook so the file submitit writes and submits is *our* template, rendered with submitit's
+launch line (``python -u -m submitit.core._submit <folder>``) and submitit's log paths. Everything else
+(pickling the callable, ``sbatch``, job ids, result pickles, arrays) stays submitit's.
+
+tests/test_submitit_hook.py takes the lines submitit needs from the installed submitit's own builder
+at test time and checks each is in ours, so an upgrade that changes them fails loudly.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any, Sequence
+
+import submitit
+from submitit.core.utils import JobPaths
+
+from .config import JobSpec
+from .render import LaunchSpec, render_sbatch
+
+
+def submitit_launch(folder: Path, command: str, *, map_count: int | None = None,
+                    array_parallelism: int | None = None) -> LaunchSpec:
+    """Log paths and array line exactly as submitit's own builder makes them."""
+    paths = JobPaths(folder=folder)
+    stdout, stderr = str(paths.stdout), str(paths.stderr)
+    array = None
+    if map_count is not None:
+        array = f"0-{map_count - 1}%{min(map_count, array_parallelism or map_count)}"
+        stdout, stderr = stdout.replace("%j", "%A_%a"), stderr.replace("%j", "%A_%a")
+    return LaunchSpec(
+        form="submitit",
+        stdout=stdout.replace("%t", "0"),
+        stderr=stderr.replace("%t", "0"),
+        command=command,
+        task_stdout=stdout,
+        task_stderr=stderr,
+        array=array,
+    )
+
+
+class TemplateSlurmExecutor(submitit.SlurmExecutor):
+    """A SlurmExecutor whose submission file is hpc-train's rendered template."""
+
+    def __init__(self, folder: Path, spec: JobSpec, *, runs_root: str, python: str,
+                 site_dirs: Sequence[Path] = ()) -> None:
+        # submitit requeues on its own only for Checkpointable callables; ours is not, and our handler
+        # (hpc_train/train/preempt.py) does the checkpoint and requeue in every rank.
+        super().__init__(folder=folder, max_num_timeout=0, python=shlex.quote(python))
+        self._spec = spec
+        self._runs_root = runs_root
+        self._python = python
+        self._site_dirs = tuple(site_dirs)
+        # Only what submitit itself reads back (signal lead time for its own bookkeeping).
+        self.update_parameters(signal_delay_s=spec.slurm.signal_delay_s, time=spec.slurm.time_min)
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        params: dict[str, Any] = self.parameters
+        launch = submitit_launch(self.folder, command, map_count=params.get("map_count"),
+                                 array_parallelism=params.get("array_parallelism"))
+        return render_sbatch(self._spec, runs_root=self._runs_root, python=self._python, launch=launch,
+                             site_dirs=self._site_dirs)

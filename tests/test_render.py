@@ -1,0 +1,222 @@
+"""render_sbatch: golden files, shell validity, hostile values, site templates, template errors."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc_train import config, render
+from hpc_train.config import SiteConfig, resolve_job
+from hpc_train.errors import TemplateError
+from hpc_train.render import LaunchSpec, render_sbatch
+from hpc_train.submitit_hook import submitit_launch
+
+GOLDEN = Path(__file__).parent / "golden"
+REGEN = os.environ.get("HPC_TRAIN_REGEN_GOLDEN") == "1"
+SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+NO_SITE = SiteConfig(path=None, defaults={}, template_dirs=())
+
+# A fixed job for golden files: every #SBATCH key and bootstrap feature on, nothing host-specific.
+GOLDEN_SETS = [
+    "slurm.partition=a100", "slurm.account=proj-ml", "slurm.qos=normal", "slurm.constraint=ib",
+    "slurm.exclusive=true", "slurm.mem_gb=0", "slurm.time=12:00:00", "slurm.modules=[cuda/12.4, nccl/2.21]",
+    "slurm.venv=/shared/envs/lt", "slurm.env.NCCL_SOCKET_IFNAME=^docker,lo", "slurm.env.NCCL_IB_HCA=mlx5_0:1",
+    "slurm.extra_sbatch={mail-type: END, hint: nomultithread}", "slurm.cpus_per_task=8",
+]
+VARIANTS = {
+    # name: (launcher, form, extra sets)
+    "srun-plain": ("srun", "plain", []),
+    "srun-submitit": ("srun", "submitit", []),
+    "torchrun-plain": ("torchrun", "plain", []),
+    "torchrun-submitit": ("torchrun", "submitit", []),
+    "srun-plain-apptainer": ("srun", "plain", ["slurm.container={image: /images/lt.sif, binds: [/data]}",
+                                               "slurm.venv=null"]),
+    "srun-plain-pyxis": ("srun", "plain", ["slurm.container={runtime: pyxis, image: 'nvcr.io#nvidia/pytorch:24.05-py3'}",
+                                           "slurm.venv=null", "slurm.gpu_flag=gres"]),
+}
+
+
+def golden_spec(launcher, extra=()):
+    spec, _ = resolve_job(None, site=NO_SITE, sets=[*GOLDEN_SETS, *extra],
+                          flags={"slurm.nodes": 4, "slurm.gpus_per_node": 8, "slurm.launcher": launcher,
+                                 "name": "cifar100-lt"})
+    return spec
+
+
+def render_variant(variant):
+    launcher, form, extra = VARIANTS[variant]
+    spec = golden_spec(launcher, extra)
+    launch = LaunchSpec()
+    if form == "submitit":
+        folder = Path("/shared/project/runs/cifar100-lt/.submitit")
+        launch = submitit_launch(folder, f"python -u -m submitit.core._submit {folder}")
+    return render_sbatch(spec, runs_root="/shared/project/runs", python="/shared/envs/lt/bin/python", launch=launch)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_golden(variant):
+    text = render_variant(variant)
+    path = GOLDEN / f"default.sbatch.j2--{variant}.sh"
+    if REGEN or not path.exists():
+        path.write_text(text)
+        if not REGEN:
+            pytest.fail(f"golden file {path} was missing and has been written; check it and commit it")
+    expected = path.read_text()
+    assert text == expected, (
+        f"rendered script differs from {path}. If the change is intended, regenerate the golden files with\n"
+        f"  HPC_TRAIN_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/test_render.py -k golden\n"
+        "and review `git diff tests/golden`."
+    )
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_scripts_pass_bash_n_and_shellcheck(variant, tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_variant(variant))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    result = subprocess.run([SHELLCHECK, "--severity=style", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_header_lines():
+    text = render_variant("srun-plain")
+    for line in ["#SBATCH --job-name=cifar100-lt", "#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8",
+                 "#SBATCH --cpus-per-task=8", "#SBATCH --gpus-per-node=8", "#SBATCH --mem=0G",
+                 "#SBATCH --time=12:00:00", "#SBATCH --partition=a100", "#SBATCH --account=proj-ml",
+                 "#SBATCH --qos=normal", "#SBATCH --constraint=ib", "#SBATCH --exclusive",
+                 "#SBATCH --signal=USR2@120", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+                 "#SBATCH --mail-type=END", "#SBATCH --hint=nomultithread",
+                 "srun --kill-on-bad-exit=1 --wait=60 \\", "module purge", "module load cuda/12.4 nccl/2.21",
+                 "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1"]:
+        assert line in text.splitlines() or line in text, line
+    torch_text = render_variant("torchrun-plain")
+    assert "#SBATCH --ntasks-per-node=1" in torch_text and "#SBATCH --cpus-per-task=64" in torch_text
+    assert "#SBATCH --signal=B:USR2@120" in torch_text and "--nproc-per-node=8" in torch_text
+    assert "#SBATCH --gres=gpu:8" in render_variant("srun-plain-pyxis")
+
+
+def test_no_gpu_line_for_cpu_jobs():
+    spec, _ = resolve_job(None, site=NO_SITE)
+    text = render_sbatch(spec, runs_root="/r", python="python3")
+    assert "--gpus" not in text and "--gres" not in text
+
+
+# ------------------------------------------------------------------------------------------------
+# Hostile values: render, run the script with stub srun/scontrol/module, check nothing was injected
+# and the stubs received the exact original values.
+# ------------------------------------------------------------------------------------------------
+
+# Relative "touch PWNED": the script runs in tmp_path, and a job name cannot hold a '/'.
+HOSTILE = "a b'c\"d; touch PWNED; $(touch PWNED) `touch PWNED` $HOME \\ %"
+
+
+STUB = """#!/bin/bash
+# Records its argv (NUL-separated) and, for srun, the environment it was given.
+name=$(basename "$0")
+printf '%s\\0' "$@" > "$STUB_LOG/$name.argv"
+if [ "$name" = srun ]; then env -0 > "$STUB_LOG/srun.env"; fi
+if [ "$name" = scontrol ] && [ "$1" = show ] && [ "$2" = hostnames ]; then echo node01; fi
+exit 0
+"""
+
+
+def test_hostile_values_are_data_not_code(tmp_path):
+    mark = tmp_path / "PWNED"
+    hostile = HOSTILE
+    runs_root = tmp_path / f"runs {hostile}"
+    multi_line = hostile + "\nsecond line; touch PWNED"
+    spec, _ = resolve_job(None, site=NO_SITE, flags={"name": f"job {hostile}"}, sets=[
+        "slurm.python=" + sys.executable,
+    ])
+    spec = config.replace(spec, slurm=config.replace(
+        spec.slurm, modules=(hostile, multi_line), env={"HOSTILE": hostile, "MULTI": multi_line},
+        srun_args=(f"--comment={hostile}",)))
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(spec, runs_root=str(runs_root), python=sys.executable))
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+    stub_dir, log_dir = tmp_path / "bin", tmp_path / "log"
+    stub_dir.mkdir(), log_dir.mkdir()
+    for tool in ("srun", "scontrol", "module"):
+        (stub_dir / tool).write_text(STUB)
+        (stub_dir / tool).chmod(0o755)
+    env = {"PATH": f"{stub_dir}:/usr/bin:/bin", "STUB_LOG": str(log_dir), "HOME": str(tmp_path),
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node01", "SLURM_CPUS_PER_TASK": "1"}
+    result = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert not mark.exists(), "a hostile value was executed as a command"
+
+    def argv(tool):
+        return (log_dir / f"{tool}.argv").read_bytes().decode().split("\0")[:-1]
+
+    assert argv("module") == ["load", hostile, multi_line]
+    srun_args = argv("srun")
+    assert f"--comment={hostile}" in srun_args
+    run_dir = runs_root / f"job {hostile}" / "4242"
+    assert f"--output={run_dir}/logs/rank-%t.log" in srun_args
+    assert srun_args[-2:] == [str(run_dir / "job.yaml")] or str(run_dir / "job.yaml") in srun_args
+    srun_env = dict(item.split("=", 1) for item in (log_dir / "srun.env").read_bytes().decode().split("\0") if "=" in item)
+    assert srun_env["HOSTILE"] == hostile and srun_env["MULTI"] == multi_line
+    assert srun_env["HPC_TRAIN_RUN_DIR"] == str(run_dir)
+    assert (srun_env["MASTER_ADDR"], srun_env["MASTER_PORT"]) == ("node01", str(20000 + 4242))
+    # The job file the ranks read is the job exactly as resolved.
+    assert config.spec_from_yaml_text((run_dir / "job.yaml").read_text(), "job.yaml") == spec
+
+
+@pytest.mark.parametrize("field", ["partition", "account", "constraint"])
+def test_newline_cannot_reach_an_sbatch_line(field):
+    spec, _ = resolve_job(None, site=NO_SITE)
+    spec = config.replace(spec, slurm=config.replace(spec.slurm, **{field: "gpu\n#SBATCH --x"}))
+    with pytest.raises(TemplateError, match="contains a newline"):
+        render_sbatch(spec, runs_root="/r", python="python3")
+
+
+def test_hostile_sbatch_values_are_quoted():
+    spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.account=a'b; c", "slurm.extra_sbatch={comment: x $(y)}"])
+    text = render_sbatch(spec, runs_root="/r", python="python3")
+    assert "#SBATCH --account='a'\"'\"'b; c'" in text and "#SBATCH --comment='x $(y)'" in text
+
+
+# ------------------------------------------------------------------------------------------------
+# Site templates and template errors
+# ------------------------------------------------------------------------------------------------
+
+def test_site_template_dir_wins_and_reuses_partials(tmp_path):
+    site_dir = tmp_path / "site-templates"
+    site_dir.mkdir()
+    (site_dir / "default.sbatch.j2").write_text(
+        "#!/bin/bash\n# SITE TEMPLATE for {{ job.name | comment }}\n{% include 'partials/sbatch_header.j2' %}\n")
+    spec, _ = resolve_job(None, site=NO_SITE)
+    text = render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[site_dir])
+    assert "# SITE TEMPLATE for digits-lt-demo" in text and "#SBATCH --nodes=1" in text
+    names = dict(render.list_templates([site_dir]))
+    assert names["default.sbatch.j2"] == site_dir / "default.sbatch.j2"
+
+
+def test_template_syntax_error_names_file_and_line(tmp_path):
+    (tmp_path / "broken.sbatch.j2").write_text("#!/bin/bash\n\n{% if job.name %}\necho hi\n")
+    spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=broken.sbatch.j2"])
+    with pytest.raises(TemplateError, match=r"broken\.sbatch\.j2:\d+: template syntax error"):
+        render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path])
+
+
+def test_undefined_variable_names_file_and_line(tmp_path):
+    (tmp_path / "undef.sbatch.j2").write_text("#!/bin/bash\n# ok\necho {{ job.slurm.no_such_field }}\n")
+    spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=undef.sbatch.j2"])
+    with pytest.raises(TemplateError, match=r"undef\.sbatch\.j2:3: .*no_such_field"):
+        render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path])
+
+
+def test_template_not_found_shows_search_path(tmp_path):
+    spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=missing.sbatch.j2"])
+    with pytest.raises(TemplateError, match=f"'missing.sbatch.j2' not found; search path: {tmp_path}, "):
+        render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path])
+
+
+def test_heredoc_delimiter_never_in_text():
+    text = "a\nHPC_TRAIN_JOB_X\n"
+    marker = render.heredoc_delimiter(text)
+    assert marker not in text.splitlines() and marker.startswith("HPC_TRAIN_JOB_")

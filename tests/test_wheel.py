@@ -1,0 +1,47 @@
+"""A built wheel, installed with the core dependencies only (no torch), renders a job and lists the
+example jobs: what a login node or an admin gets from a plain `pip install`."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_wheel_without_torch(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(ROOT)],
+                   check=True, timeout=600)
+    wheel = next(dist.glob("hpc_train-*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, str(wheel)], check=True, timeout=600)
+    env = {**os.environ, "PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HPC_TRAIN_SITE": ""}
+    env.pop("PYTHONPATH", None)
+    cli = str(venv / "bin/hpc-train")
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def run(*args):
+        return subprocess.run([cli, *args], capture_output=True, text=True, cwd=work, env=env, timeout=120)
+
+    rendered = run("render", "--nodes", "4", "--gpus", "8")
+    assert rendered.returncode == 0, rendered.stderr
+    assert "#SBATCH --nodes=4" in rendered.stdout and "-m hpc_train.train" in rendered.stdout
+    jobs = run("jobs", "list")
+    assert jobs.returncode == 0 and "digits_lt_demo" in jobs.stdout
+    shipped = {p.stem for p in (ROOT / "jobs").glob("*.yaml")}
+    assert {line.split()[0] for line in jobs.stdout.splitlines()} == shipped
+    assert "default.sbatch.j2" in run("templates", "list").stdout
+    probe = subprocess.run(
+        [str(venv / "bin/python"), "-c",
+         "import importlib.util, hpc_train.resources as r; "
+         "print(importlib.util.find_spec('torch') is None, r.templates_dir().is_dir(), "
+         "(r.ansible_dir() / 'ansible.cfg').is_file(), 'site-packages' in str(r.jobs_dir()))"],
+        capture_output=True, text=True, cwd=work, env=env, check=True)
+    assert probe.stdout.split() == ["True", "True", "True", "True"]
