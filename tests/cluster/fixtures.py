@@ -1,0 +1,66 @@
+"""pytest plugin: the session-wide local Slurm cluster.
+
+Register it once for the whole test run, in the top-level ``tests/conftest.py``::
+
+    pytest_plugins = ["tests.cluster.fixtures"]
+
+Then any test takes the ``slurm_cluster`` fixture (a ``harness.ClusterInfo``):
+
+* not root: the test is skipped, saying why (under ``CI=true`` it fails instead: CI runs as root,
+  so a missing prerequisite there is an error, never a silent skip);
+* root: ``tests/cluster/slurm-up`` runs once per session (it returns at once when a cluster is
+  already up, e.g. from ``make slurm-up``); a cluster that does not start FAILS the test with the
+  script's output and the daemon log tails (it is never skipped);
+* ``SLURM_CONF`` is set in ``os.environ`` for the session, so code under test that calls sbatch,
+  squeue or submitit finds the cluster;
+* at session end the cluster is stopped only if this session started it (a developer's
+  ``make slurm-up`` cluster survives), and then ``check-clean`` must find nothing left behind.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster import harness
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (root; tests/cluster/slurm-up)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # `pytest -m "not slurm"` deselects every test that needs the cluster.
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[harness.ClusterInfo]:
+    if os.geteuid() != 0:
+        if _in_ci():
+            pytest.fail(f"{harness.ROOT_REASON}; CI=true runs as root, so this is an error", pytrace=False)
+        pytest.skip(harness.ROOT_REASON)
+    try:
+        info = harness.start_cluster()
+    except (harness.ClusterError, OSError) as exc:
+        pytest.fail(f"the local Slurm cluster did not start (tests/cluster/slurm-up):\n{exc}", pytrace=False)
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SLURM_CONF", info.slurm_conf)
+    try:
+        yield info
+    finally:
+        mp.undo()
+        if info.started:
+            harness.stop_cluster()
+            clean, report = harness.check_clean()
+            if not clean:
+                pytest.fail(f"slurm-down left things behind:\n{report}", pytrace=False)
