@@ -22,9 +22,12 @@ demo: $(STAMP)
 	$(VENV)/bin/hpc-train submit --cluster local --wait
 
 ## Everything CI runs: Python suites (unit, training, real Slurm) then the Ansible ladder.
+## Both run even if the first fails; each prints its wall time.
 test: $(STAMP)
-	$(MAKE) test-py
-	$(MAKE) test-ansible
+	@rc=0; for suite in test-py test-ansible; do \
+		start=$$(date +%s); $(MAKE) --no-print-directory $$suite || rc=1; \
+		echo "=== $$suite took $$(( $$(date +%s) - start )) s"; \
+	done; exit $$rc
 
 test-py: $(STAMP)
 	$(VPY) -m pytest -q tests --ignore=tests/ansible

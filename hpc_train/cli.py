@@ -119,6 +119,32 @@ def _echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
+def sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
+                     help="One job-array task per value (several --sweep: their grid). train.* keys only."),
+        click.option("--sweep-file", type=click.Path(dir_okay=False, path_type=Path),
+                     help="YAML sweep: {key: [values]} (grid) or {points: [{key: value}, ...]}."),
+        click.option("--max-parallel", type=click.IntRange(min=1), help="Array throttle: at most N tasks at once (%N)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _resolve_with_sweep(kwargs: dict[str, Any], job_file: Path | None = None):
+    """(spec, sources, sweep specs) — the sweep is empty without --sweep/--sweep-file."""
+    from .config import resolve_job
+    from .submit import resolve_sweep, sweep_points
+
+    flags = {key: kwargs.get(opt) for opt, key in _FLAG_KEYS.items()}
+    path = job_file if job_file is not None else _job_path(kwargs.get("job"))
+    spec, sources = resolve_job(path, sets=kwargs.get("sets", ()), flags=flags)
+    points = sweep_points(kwargs.get("sweeps", ()), kwargs.get("sweep_file"))
+    sweep = resolve_sweep(path, sets=kwargs.get("sets", ()), flags=flags, points=points) if points else []
+    return (sweep[0] if sweep else spec), sources, sweep
+
+
 # ------------------------------------------------------------------------------------------------
 # render / submit / simulate / train
 # ------------------------------------------------------------------------------------------------
@@ -126,6 +152,7 @@ def _echo_json(data: Any) -> None:
 
 @cli.command(context_settings=CONTEXT)
 @job_options
+@sweep_options
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the script to FILE instead of printing it.")
 def render(output: Path | None, **kwargs: Any) -> None:
@@ -141,8 +168,8 @@ def render(output: Path | None, **kwargs: Any) -> None:
     """
     from .submit import render_plain
 
-    spec, sources = _resolve(kwargs)
-    script = render_plain(spec, sources)
+    spec, sources, sweep = _resolve_with_sweep(kwargs)
+    script = render_plain(spec, sources, sweep=sweep, max_parallel=kwargs.get("max_parallel"))
     if output is None:
         click.echo(script, nl=False)
     else:
@@ -153,13 +180,19 @@ def render(output: Path | None, **kwargs: Any) -> None:
 
 @cli.command(context_settings=CONTEXT)
 @job_options
+@sweep_options
 @click.option("--cluster", type=click.Choice(["auto", "slurm", "local"]), default="auto", show_default=True,
               envvar="HPC_TRAIN_CLUSTER", show_envvar=True,
               help="slurm: sbatch through submitit; local: processes on this machine; auto: slurm if sbatch is on PATH.")
-@click.option("--dry-run", is_flag=True, help="Print the script that would be submitted; submit nothing.")
+@click.option("--resume", "resume", metavar="RUN", help="Continue RUN (name/id, job id or path) in a new job.")
+@click.option("--chain", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Queue N jobs, each starting after the previous ends and resuming the same run (no requeue needed).")
+@click.option("--dry-run", is_flag=True, help="Print the script that would be submitted and, when Slurm is "
+              "reachable, check it with sbatch --test-only; submit nothing.")
 @click.option("--wait", is_flag=True, help="Follow the job to its end; exit 0 only if it succeeded.")
 @click.option("--json", "as_json", is_flag=True, help="Print job id, run name and run dir as JSON.")
-def submit(cluster: str, dry_run: bool, wait: bool, as_json: bool, **kwargs: Any) -> None:
+def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bool, as_json: bool,
+           **kwargs: Any) -> None:
     """Submit a job: to Slurm through submitit, or as local processes.
 
     Returns at once with the job id and run name (use --wait to follow the job).
@@ -170,24 +203,41 @@ def submit(cluster: str, dry_run: bool, wait: bool, as_json: bool, **kwargs: Any
     Examples:
       hpc-train submit --nodes 4 --gpus 8 jobs/cifar100_lt_balanced_softmax.yaml
       hpc-train submit --cluster local --wait            # the demo job, 2 local DDP ranks
-      hpc-train submit JOB.yaml --dry-run
+      hpc-train submit JOB.yaml --dry-run                # script + sbatch --test-only
+      hpc-train submit JOB.yaml --sweep train.loss.name=ce,balanced_softmax --max-parallel 1
+      hpc-train submit --resume cifar10-lt/4242 --chain 3
     """
     from . import submit as submit_mod
 
-    spec, sources = _resolve(kwargs)
+    resume_dir = None
+    job_file = None
+    if resume:
+        if kwargs.get("job"):
+            raise ConfigError("give either JOB or --resume RUN (a resumed run keeps its own job)")
+        run = submit_mod.resolve_run(resume, _runs_root(kwargs.get("runs_dir")))
+        resume_dir, job_file = run.run_dir, submit_mod.continued_spec(run)
+    spec, sources, sweep = _resolve_with_sweep(kwargs, job_file)
+    max_parallel = kwargs.get("max_parallel")
     if dry_run:
         chosen, note = submit_mod.choose_cluster(cluster, spec)  # type: ignore[arg-type]
         if chosen == "local":
             click.echo(f"dry run: would run {spec.slurm.ranks_per_node} local rank(s) of {spec.name!r}"
                        + (f" ({note})" if note else ""), err=True)
             return
-        click.echo(submit_mod.dry_run_script(spec, sources), nl=False)
+        spec = submit_mod.with_site_gpu_flag(spec)
+        sweep = [submit_mod.with_site_gpu_flag(s) for s in sweep]
+        script = submit_mod.dry_run_script(spec, sources, sweep=sweep, max_parallel=max_parallel,
+                                           resume_dir=resume_dir)
+        click.echo(script, nl=False)
+        for line in submit_mod.preflight(spec, script):
+            click.echo(f"preflight: {line}", err=True)
         return
     warning = submit_mod.shared_filesystem_warning(submit_mod.runs_root(spec))
     if warning and cluster != "local":
         click.echo(f"warning: {warning}", err=True)
-    result = submit_mod.submit(spec, sources, cluster=cluster)  # type: ignore[arg-type]
-    if result.note:
+    result = submit_mod.submit(spec, sources, cluster=cluster, sweep=sweep, max_parallel=max_parallel,  # type: ignore[arg-type]
+                               resume_dir=resume_dir, chain=chain)
+    if result.note and not as_json:
         click.echo(result.note, err=True)
     if as_json:
         click.echo(submit_mod.result_json(result))
@@ -264,44 +314,92 @@ def train(train_args: tuple[str, ...]) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+def _runs_root(runs_dir: str | None) -> Path:
+    import os
+
+    return Path(os.path.expanduser(runs_dir or "runs")).resolve()
+
+
+_RUNS_DIR_OPTION = click.option("--runs-dir", envvar="HPC_TRAIN_RUNS_DIR", show_envvar=True,
+                                help="Where run directories are (default: ./runs).")
+
+
 @cli.command(context_settings=CONTEXT)
 @click.argument("run", required=False)
+@_RUNS_DIR_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-def status(run: str | None, as_json: bool) -> None:
-    """Show the state of a run (or of all runs under ./runs).
+def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
+    """Show the state of a run (or of every run under ./runs).
+
+    RUN is a run name (name/id), a job id, a run directory, or a job name (its latest run). The state
+    comes from squeue, then sacct; a failed run names its first failing rank and host.
 
     \b
     Examples:
       hpc-train status
       hpc-train status digits-lt-demo/4242 --json
     """
-    raise HpcTrainError("'status' is not available yet")
+    from . import submit as submit_mod
+
+    root = _runs_root(runs_dir)
+    runs = [submit_mod.resolve_run(run, root)] if run else submit_mod.find_runs(root)
+    rows = [submit_mod.run_status(r) for r in runs]
+    if as_json:
+        _echo_json(rows[0] if run else rows)
+        return
+    if not rows:
+        click.echo(f"no runs under {root}")
+        return
+    for row in rows:
+        extra = ", ".join(f"{k} {v}" for k, v in row.items()
+                          if k in ("reason", "elapsed", "nodes", "exit_code", "first_failure"))
+        progress = row.get("progress")
+        if progress:
+            extra = (extra + ", " if extra else "") + " ".join(f"{k}={v}" for k, v in progress.items())
+        click.echo(f"{row['run']}  job {row['job_id']}  {row['state']}" + (f"  ({extra})" if extra else ""))
 
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("run")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines.")
+@_RUNS_DIR_OPTION
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
 @click.option("--rank", type=click.IntRange(min=0), help="Only this rank's log.")
-def logs(run: str, follow: bool, rank: int | None) -> None:
-    """Print a run's logs (batch log and per-rank logs).
+def logs(run: str, runs_dir: str | None, follow: bool, rank: int | None) -> None:
+    """Print a run's logs: the batch log and every rank's, each line prefixed with its source.
 
     \b
-    Example:
-      hpc-train logs 4242 --rank 0 -f
+    Examples:
+      hpc-train logs 4242
+      hpc-train logs digits-lt-demo/4242 --rank 0 -f
     """
-    raise HpcTrainError("'logs' is not available yet")
+    from . import submit as submit_mod
+
+    found = submit_mod.resolve_run(run, _runs_root(runs_dir))
+    if rank is not None and found.record.get("world_size") and rank >= int(found.record["world_size"]):
+        raise ConfigError(f"--rank {rank}: the run has ranks 0-{int(found.record['world_size']) - 1}")
+    try:
+        for line in submit_mod.follow_logs(found, rank, follow=follow, is_done=lambda: submit_mod.job_is_over(found)):
+            click.echo(line)
+    except KeyboardInterrupt:
+        pass
+    failure = submit_mod.first_failure(found)
+    if failure:
+        click.echo(f"first failure: {failure}", err=True)
 
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("run")
-def cancel(run: str) -> None:
+@_RUNS_DIR_OPTION
+def cancel(run: str, runs_dir: str | None) -> None:
     """Cancel a run's job.
 
     \b
     Example:
       hpc-train cancel digits-lt-demo/4242
     """
-    raise HpcTrainError("'cancel' is not available yet")
+    from . import submit as submit_mod
+
+    click.echo(submit_mod.cancel_run(submit_mod.resolve_run(run, _runs_root(runs_dir))))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -68,6 +68,8 @@ class LaunchSpec:
     task_stderr: str = ""
     array: str | None = None
     """``--array`` value (``0-2%2``) for sweeps."""
+    run_dir: str | None = None
+    """Continue this run directory (``submit --resume`` / ``--chain``) instead of a new one per job id."""
 
 
 def search_path(site_dirs: Sequence[Path] = ()) -> list[Path]:
@@ -135,13 +137,17 @@ def render_sbatch(
     python: str,
     launch: LaunchSpec | None = None,
     site_dirs: Sequence[Path] = (),
+    array_specs: Sequence[JobSpec] = (),
 ) -> str:
     """The complete sbatch script for ``spec``.
 
     ``runs_root`` is the absolute directory holding run groups (``runs_dir`` resolved against the
-    submit directory); ``python`` is the interpreter the ranks run.
+    submit directory); ``python`` is the interpreter the ranks run. ``array_specs``: one job per array
+    task (a sweep); they may differ from ``spec`` only in ``train.*``.
     """
     launch = launch or LaunchSpec()
+    if array_specs and not launch.array:
+        raise TemplateError("array_specs given without an --array range")
     env = environment(site_dirs)
     name = spec.slurm.template
     try:
@@ -152,6 +158,7 @@ def render_sbatch(
         where = ", ".join(str(d) for d in search_path(site_dirs))
         raise TemplateError(f"template {exc.name!r} not found; search path: {where}") from None
     job_yaml = dump_yaml(spec)
+    array_yamls = [dump_yaml(s) for s in array_specs]
     run_group = str(PurePosixPath(runs_root) / spec.name)
     binds: list[str] = []
     if spec.slurm.container is not None:
@@ -163,7 +170,8 @@ def render_sbatch(
         python=python,
         launch=launch,
         job_yaml=job_yaml,
-        job_yaml_eof=heredoc_delimiter(job_yaml),
+        job_yaml_eof=heredoc_delimiter("".join([job_yaml, *array_yamls])),
+        array_yamls=array_yamls,
         template_name=name,
         version=__version__,
         gpu_request=gpu_request(spec),

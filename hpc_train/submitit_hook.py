@@ -11,6 +11,7 @@ at test time and checks each is in ours, so an upgrade that changes them fails l
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,6 +20,7 @@ import submitit
 from submitit.core.utils import JobPaths
 
 from .config import JobSpec
+from .errors import TemplateError
 from .render import LaunchSpec, render_sbatch
 
 
@@ -46,7 +48,8 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
     """A SlurmExecutor whose submission file is hpc-train's rendered template."""
 
     def __init__(self, folder: Path, spec: JobSpec, *, runs_root: str, python: str,
-                 site_dirs: Sequence[Path] = ()) -> None:
+                 site_dirs: Sequence[Path] = (), run_dir: str | None = None,
+                 array_specs: Sequence[JobSpec] = ()) -> None:
         # submitit requeues on its own only for Checkpointable callables; ours is not, and our handler
         # (hpc_train/train/preempt.py) does the checkpoint and requeue in every rank.
         super().__init__(folder=folder, max_num_timeout=0, python=shlex.quote(python))
@@ -54,12 +57,19 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         self._runs_root = runs_root
         self._python = python
         self._site_dirs = tuple(site_dirs)
+        self._run_dir = run_dir
+        self._array_specs = tuple(array_specs)
         # Only what submitit itself reads back (signal lead time for its own bookkeeping).
         self.update_parameters(signal_delay_s=spec.slurm.signal_delay_s, time=spec.slurm.time_min)
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         params: dict[str, Any] = self.parameters
-        launch = submitit_launch(self.folder, command, map_count=params.get("map_count"),
+        map_count = params.get("map_count")
+        launch = submitit_launch(self.folder, command, map_count=map_count,
                                  array_parallelism=params.get("array_parallelism"))
+        launch = dataclasses.replace(launch, run_dir=self._run_dir)
+        if map_count is not None and len(self._array_specs) != map_count:
+            raise TemplateError(f"submitit batched {map_count} jobs but {len(self._array_specs)} sweep points were "
+                                "rendered; submit sweeps through hpc_train.submit")
         return render_sbatch(self._spec, runs_root=self._runs_root, python=self._python, launch=launch,
-                             site_dirs=self._site_dirs)
+                             site_dirs=self._site_dirs, array_specs=self._array_specs if map_count else ())
