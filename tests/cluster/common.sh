@@ -71,6 +71,33 @@ wait_for() {
     done
 }
 
+# wait_daemon TIMEOUT_S NAME PIDFILE CMD...: wait_for, but fail at once when the daemon died
+# (e.g. slurmctld's "fatal: ... Address already in use" after it daemonized).
+wait_daemon() {
+    local timeout=$1 name=$2 pidfile=$3 pid=
+    shift 3
+    local deadline=$(($(now_us) + timeout * 1000000))
+    until "$@" >/dev/null 2>&1; do
+        [[ -n $pid ]] || pid=$(read_pid "$pidfile")
+        if [[ -n $pid ]] && ! pid_alive "$pid"; then
+            log "$name (pid $pid) died while starting: see $BASE/log/"
+            return 1
+        fi
+        if (($(now_us) > deadline)); then
+            log "TIMEOUT after ${timeout}s waiting for $name"
+            return 1
+        fi
+        sleep 0.1
+    done
+}
+
+# port_listening PORT: something listens on TCP PORT in this network namespace.
+port_listening() {
+    local hex
+    hex=$(printf '%04X' "$1")
+    awk -v p=":$hex" '$2 ~ p"$" && $4 == "0A" {found = 1} END {exit !found}' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
 # ---- processes, by PID only ----
 pid_alive() { [[ -n ${1:-} && -d /proc/$1 ]]; }
 

@@ -101,7 +101,7 @@ class ClusterInfo:
     slurm_conf: str
     state_dir: str
     env: dict[str, str]  # cluster_env(): use it for every client command
-    started: bool  # True when this start_cluster() call started it (False: it was already up)
+    started: bool  # True when this start_cluster() call started it from nothing (False: one was up)
 
 
 def read_cluster_info(started: bool = False) -> ClusterInfo:
@@ -169,11 +169,12 @@ def start_cluster(timeout_s: float = 300.0) -> ClusterInfo:
     proc = _run_script(SLURM_UP, timeout_s)
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        raise ClusterError(
-            f"tests/cluster/slurm-up failed (exit {proc.returncode}):\n{output[-4000:]}\n"
-            f"daemon logs:\n{daemon_log_tails(since=t0 - 1)}"
-        )
-    started = "STATUS=started" in proc.stdout
+        message = f"tests/cluster/slurm-up failed (exit {proc.returncode}):\n{output[-6000:]}"
+        if "Log tails:" not in output:  # slurm-up prints them itself when it got that far
+            message += f"\ndaemon logs:\n{daemon_log_tails(since=t0 - 1) or '(none written)'}"
+        raise ClusterError(message)
+    # "restarted": a cluster was there (e.g. a developer's, with an older harness): not ours to stop
+    started = "STATUS=started" in proc.stdout.splitlines()
     return read_cluster_info(started=started)
 
 
