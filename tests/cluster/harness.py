@@ -189,9 +189,13 @@ def stop_cluster(timeout_s: float = 120.0) -> str:
     return output
 
 
-def check_clean() -> tuple[bool, str]:
-    """Run ``check-clean``: (True, report) when no Slurm/munge/mariadb process, netns, veth or bridge is left."""
-    proc = subprocess.run([str(CHECK_CLEAN)], capture_output=True, text=True, check=False, timeout=60)
+def check_clean(ours: bool = False) -> tuple[bool, str]:
+    """Run ``check-clean``: (True, report) when no Slurm/munge/mariadb process, netns, veth or bridge is left.
+
+    ``ours=True`` looks only for what this cluster started (a developer's own MariaDB is no leftover).
+    """
+    args = [str(CHECK_CLEAN), "--ours"] if ours else [str(CHECK_CLEAN)]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=60)
     return proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -284,12 +288,15 @@ def wait_sacct(job_id: str, timeout_s: float = 15.0, env: dict[str, str] | None 
     deadline = time.monotonic() + timeout_s
     last = None
     while True:
-        proc = run_slurm(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,Partition"], env=env, check=False)
+        args = ["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,Partition"]
+        proc = run_slurm(args, env=env, check=False)
         rows = [line.split("|") for line in proc.stdout.splitlines() if line.strip()]
         if proc.returncode == 0 and rows:
             last = _merge_states([r[0].split()[0] for r in rows])
             if last in TERMINAL_STATES and all(len(r) > 1 and r[1] for r in rows):
                 return last
         if time.monotonic() > deadline:
-            raise TimeoutError(f"sacct has no complete final record for job {job_id} after {timeout_s:.0f} s (last: {last})")
+            raise TimeoutError(
+                f"sacct has no complete final record for job {job_id} after {timeout_s:.0f} s (last: {last})"
+            )
         time.sleep(0.25)

@@ -22,10 +22,13 @@ TARGET = "tests/slurm/test_cluster.py::test_shape_nodes_partitions_gres_accounti
 def _child_pytest(env_updates: dict[str, str], as_nobody: bool) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in {"CI", "PYTEST_ADDOPTS", "HPCTRAIN_SLURM_DIR"}}
     env.update(env_updates, PYTHONDONTWRITEBYTECODE="1")
-    cmd = [sys.executable, "-m", "pytest", "-p", "tests.cluster.fixtures", "-p", "no:cacheprovider", "-rsfE", "-q", TARGET]
+    cmd = [sys.executable, "-m", "pytest", "-p", "tests.cluster.fixtures", "-p", "no:cacheprovider"]
+    cmd += ["-rsfE", "-q", TARGET]
     if as_nobody:
         cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
-    return subprocess.run(cmd, cwd=harness.REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        cmd, cwd=harness.REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 @pytest.fixture(scope="module")

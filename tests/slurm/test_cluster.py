@@ -17,7 +17,9 @@ from tests.cluster import harness
 from tests.cluster.harness import ClusterInfo
 
 
-def _slurm(cluster: ClusterInfo, *args: str, check: bool = True, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+def _slurm(
+    cluster: ClusterInfo, *args: str, check: bool = True, timeout_s: float = 60.0
+) -> subprocess.CompletedProcess[str]:
     return harness.run_slurm(list(args), env=cluster.env, check=check, timeout_s=timeout_s)
 
 
@@ -95,7 +97,8 @@ def test_fake_gpus_schedule_and_jobs_are_accounted(slurm_cluster: ClusterInfo, t
     )
     # Both fit at once (2 + 2 of the 4 GPUs on a node), so they run side by side.
     per_node = harness.sbatch(
-        ["-N2", "--gpus-per-node=2", "--mem=2G", f"--account={c.account}", "-o", str(tmp_path / "per-node.out"), str(script)],
+        ["-N2", "--gpus-per-node=2", "--mem=2G", f"--account={c.account}"]
+        + ["-o", str(tmp_path / "per-node.out"), str(script)],
         env=c.env,
     )
     gres = harness.sbatch(
@@ -121,7 +124,8 @@ def test_fake_gpus_schedule_and_jobs_are_accounted(slurm_cluster: ClusterInfo, t
     # sacct (slurmdbd + mariadb) has both jobs, finished, with their account, partition and GPUs.
     assert harness.wait_sacct(per_node, env=c.env) == "COMPLETED"
     assert harness.wait_sacct(gres, env=c.env) == "COMPLETED"
-    rows = _slurm(c, "sacct", "-n", "-X", "-P", "-j", f"{per_node},{gres}", "-o", "JobID,State,Account,Partition,AllocTRES").stdout
+    fields = "JobID,State,Account,Partition,AllocTRES"
+    rows = _slurm(c, "sacct", "-n", "-X", "-P", "-j", f"{per_node},{gres}", "-o", fields).stdout
     records = {r.split("|")[0]: r.split("|")[1:] for r in rows.split()}
     assert records[per_node][:3] == ["COMPLETED", "research", "gpu"], rows
     assert "gres/gpu=4" in records[per_node][3], rows
@@ -185,11 +189,21 @@ def test_requeue_runs_the_job_again_with_restart_count(slurm_cluster: ClusterInf
     assert history == ["REQUEUED", "COMPLETED"], history
 
 
-def test_check_clean_reports_a_running_cluster(slurm_cluster: ClusterInfo) -> None:
+@pytest.mark.parametrize("ours", [False, True], ids=["whole-machine", "ours"])
+def test_check_clean_reports_a_running_cluster(slurm_cluster: ClusterInfo, ours: bool) -> None:
     # The post-run check must be able to fail: with the cluster up it lists the daemons, the node
     # namespaces and the bridge. (After slurm-down it must pass: the session fixture checks that
     # when it stopped the cluster, and CI runs it after `make slurm-down`.)
-    clean, report = harness.check_clean()
+    clean, report = harness.check_clean(ours=ours)
     assert not clean, report
-    for leftover in ("(slurmctld)", "(slurmd)", "(slurmdbd)", "(munged)", "(mariadbd)", "network namespace hpctrain-gpu01", "link br-hpctrain"):
+    for leftover in (
+        "(slurmctld)",
+        "(slurmd)",
+        "(slurmdbd)",
+        "(munged)",
+        "(mariadbd)",
+        "network namespace hpctrain-gpu01",
+        "link br-hpctrain",
+        "link veth-gpu02",
+    ):
         assert leftover in report, report
