@@ -1,0 +1,212 @@
+"""Build fake EL9 repositories for the real dnf converge: baseos, epel and cuda (with nvidia-driver module streams).
+
+The packages are empty stand-ins built with rpmbuild: right names, epochs, versions, Requires/Provides/Conflicts
+(modelled on NVIDIA's EL packaging) and a few marker files, but no real payload or scriptlets. The cuda repository
+carries modulemd v2 metadata for streams <branch>-open and <branch>-dkms, one module version per driver release,
+so dnf's modular filtering works as on a real EL9 host.
+
+    python build.py OUT_DIR        ->  OUT_DIR/{baseos,epel,cuda}/ with repodata; prints a JSON summary
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KERNEL = "5.14.0-427.13.1.el9_4"  # the fake mirror's only kernel (version-release)
+DRIVER_BRANCH = "570"
+DRIVER_VERSIONS = ["570.172.08", "570.195.03"]  # the older one is what the converge pins
+DRIVER_EPOCH = 3
+DKMS_VERSION = "3.1.8"
+CUDA_VERSION = "12.8"
+NCCL_VERSION, NCCL_RELEASE = "2.26.5", "1+cuda12.8"
+
+
+@dataclass
+class SubPackage:
+    name: str
+    requires: list[str] = field(default_factory=list)
+    provides: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # path -> content
+
+
+@dataclass
+class Spec:
+    name: str
+    version: str
+    release: str
+    epoch: int | None
+    arch: str
+    packages: list[SubPackage]
+
+
+def spec_text(spec: Spec) -> str:
+    lines = [
+        f"Name: {spec.name}",
+        f"Version: {spec.version}",
+        f"Release: {spec.release}",
+        *( [f"Epoch: {spec.epoch}"] if spec.epoch is not None else []),
+        "Summary: hpc-train test stand-in",
+        "License: MIT",
+        *( ["BuildArch: noarch"] if spec.arch == "noarch" else []),
+        "%global debug_package %{nil}",
+        "%global __os_install_post %{nil}",
+        "%description",
+        "Empty stand-in package for the hpc-train ansible tests.",
+    ]
+    install = ["%install"]
+    for package in spec.packages:
+        lines += [f"%package -n {package.name}", "Summary: hpc-train test stand-in"]
+        lines += [f"Requires: {r}" for r in package.requires]
+        lines += [f"Provides: {p}" for p in package.provides]
+        lines += [f"Conflicts: {c}" for c in package.conflicts]
+        lines += [f"%description -n {package.name}", f"Stand-in for {package.name}."]
+        for path, content in package.files.items():
+            install.append(f"mkdir -p %{{buildroot}}{Path(path).parent}")
+            install.append(f"cat > %{{buildroot}}{path} <<'HPC_TRAIN_EOF'\n{content}HPC_TRAIN_EOF")
+            mode = "0755" if "/bin/" in path else "0644"
+            install.append(f"chmod {mode} %{{buildroot}}{path}")
+    files = []
+    for package in spec.packages:
+        files.append(f"%files -n {package.name}")
+        files += list(package.files)
+    return "\n".join(lines + install + files) + "\n"
+
+
+def build_rpms(spec: Spec, workdir: Path) -> list[Path]:
+    topdir = workdir / spec.name
+    (topdir / "SPECS").mkdir(parents=True)
+    spec_path = topdir / "SPECS" / f"{spec.name}.spec"
+    spec_path.write_text(spec_text(spec))
+    target = [] if spec.arch == "noarch" else ["--target", spec.arch]
+    subprocess.run(
+        ["rpmbuild", "-bb", "--quiet", "--nodeps", "--define", f"_topdir {topdir}", *target, str(spec_path)],
+        check=True, stdout=subprocess.DEVNULL,
+    )
+    return sorted((topdir / "RPMS").rglob("*.rpm"))
+
+
+def driver_spec(version: str) -> Spec:
+    evr = f"{DRIVER_EPOCH}:{version}-1.el9"
+    unit = textwrap.dedent("""\
+        [Unit]
+        Description=NVIDIA Persistence Daemon (test stand-in)
+        [Service]
+        Type=forking
+        ExecStart=/usr/bin/nvidia-persistenced --verbose
+        [Install]
+        WantedBy=multi-user.target
+        """)
+    smi = f"#!/bin/sh\necho 'NVIDIA-SMI stand-in, driver {version}'\n"
+    packages = [
+        SubPackage("nvidia-driver-cuda", requires=[f"nvidia-driver-cuda-libs = {evr}", f"nvidia-kmod-common = {evr}"],
+                   files={"/usr/bin/nvidia-smi": smi}),
+        SubPackage("nvidia-driver-cuda-libs", files={f"/usr/lib64/libcuda.so.{version}": "stand-in\n"}),
+        SubPackage("nvidia-kmod-common", requires=[f"nvidia-kmod = {evr}"],
+                   files={"/usr/lib/modprobe.d/nvidia.conf": "# stand-in\n"}),
+        SubPackage("nvidia-persistenced", requires=[f"nvidia-kmod-common = {evr}"],
+                   files={"/usr/lib/systemd/system/nvidia-persistenced.service": unit}),
+        SubPackage("kmod-nvidia-open-dkms", requires=[f"dkms >= {DKMS_VERSION}"], provides=[f"nvidia-kmod = {evr}"],
+                   conflicts=["kmod-nvidia-latest-dkms"], files={f"/usr/src/nvidia-open-{version}/dkms.conf": "# open\n"}),
+        SubPackage("kmod-nvidia-latest-dkms", requires=[f"dkms >= {DKMS_VERSION}"], provides=[f"nvidia-kmod = {evr}"],
+                   conflicts=["kmod-nvidia-open-dkms"], files={f"/usr/src/nvidia-{version}/dkms.conf": "# proprietary\n"}),
+        SubPackage("nvidia-fabric-manager", files={"/usr/lib/systemd/system/nvidia-fabricmanager.service": unit}),
+    ]
+    return Spec("fake-nvidia-driver", version, "1.el9", DRIVER_EPOCH, "x86_64", packages)
+
+
+def modulemd(driver_rpms: dict[str, list[str]]) -> str:
+    """modulemd v2 documents: for each driver release, streams <branch>-open and <branch>-dkms."""
+    docs = []
+    for index, (version, nevras) in enumerate(driver_rpms.items()):
+        for suffix, kmod, other in (("open", "kmod-nvidia-open-dkms", "kmod-nvidia-latest-dkms"),
+                                    ("dkms", "kmod-nvidia-latest-dkms", "kmod-nvidia-open-dkms")):
+            artifacts = [n for n in nevras if not n.startswith(other + "-")]
+            base = ["nvidia-driver-cuda", "nvidia-persistenced", kmod]
+            docs.append({
+                "document": "modulemd", "version": 2,
+                "data": {
+                    "name": "nvidia-driver", "stream": f"{DRIVER_BRANCH}-{suffix}",
+                    "version": 20250101000000 + index, "context": "b2c4a6e8", "arch": "x86_64",
+                    "summary": "NVIDIA driver (test stand-in)", "description": "NVIDIA driver (test stand-in).",
+                    "license": {"module": ["MIT"]},
+                    "dependencies": [{"requires": {"platform": ["el9"]}}],
+                    "profiles": {"default": {"rpms": base}, "fm": {"rpms": base + ["nvidia-fabric-manager"]}},
+                    "artifacts": {"rpms": artifacts},
+                },
+            })
+    # modulemd is YAML; JSON is valid YAML, one document per "---".
+    return "".join("---\n" + json.dumps(doc, indent=1) + "\n...\n" for doc in docs)
+
+
+def nevra(rpm: Path) -> str:
+    return subprocess.run(
+        ["rpm", "-qp", "--queryformat", "%{NAME}-%|EPOCH?{%{EPOCH}}:{0}|:%{VERSION}-%{RELEASE}.%{ARCH}", str(rpm)],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+
+
+def main(out_dir: Path) -> dict:
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    repos = {name: out_dir / name for name in ("baseos", "epel", "cuda")}
+    for repo in repos.values():
+        repo.mkdir(parents=True)
+    kernel_version, kernel_release = KERNEL.split("-", 1)
+    specs = {
+        "baseos": [
+            Spec("fake-kernel", kernel_version, kernel_release, None, "x86_64", [
+                SubPackage("kernel-devel", files={f"/usr/src/kernels/{KERNEL}.x86_64/Makefile": "# stand-in\n"}),
+                SubPackage("kernel-headers", files={"/usr/include/linux/hpc-train-stand-in.h": "/* stand-in */\n"}),
+            ]),
+            Spec("fake-dnf-plugins", "4.3.0", "13.el9", None, "noarch", [
+                SubPackage("python3-dnf-plugin-versionlock",
+                           files={"/etc/dnf/plugins/versionlock.conf": "[main]\nenabled = 1\nlocklist = /etc/dnf/plugins/versionlock.list\n"}),
+            ]),
+            Spec("fake-rdma-core", "48.0", "1.el9", None, "x86_64", [SubPackage("rdma-core", files={"/etc/rdma/rdma.conf": "# stand-in\n"})]),
+        ],
+        "epel": [Spec("fake-dkms", DKMS_VERSION, "1.el9", None, "noarch", [SubPackage("dkms", files={"/usr/sbin/dkms": "#!/bin/sh\n"})])],
+        "cuda": [driver_spec(v) for v in DRIVER_VERSIONS] + [
+            Spec("fake-cuda-toolkit", CUDA_VERSION + ".1", "1", None, "x86_64", [
+                SubPackage(f"cuda-toolkit-{CUDA_VERSION.replace('.', '-')}",
+                           files={f"/usr/local/cuda-{CUDA_VERSION}/bin/nvcc": "#!/bin/sh\necho 'nvcc stand-in'\n"}),
+            ]),
+            Spec("fake-nccl", NCCL_VERSION, NCCL_RELEASE, None, "x86_64", [
+                SubPackage("libnccl", files={f"/usr/lib64/libnccl.so.{NCCL_VERSION}": "stand-in\n"}),
+                SubPackage("libnccl-devel", requires=[f"libnccl = {NCCL_VERSION}-{NCCL_RELEASE}"],
+                           files={"/usr/include/nccl.h": "/* stand-in */\n"}),
+            ]),
+        ],
+    }
+    driver_rpms: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="hpc-train-rpmbuild-") as workdir:
+        for repo_name, repo_specs in specs.items():
+            for spec in repo_specs:
+                rpms = build_rpms(spec, Path(workdir) / f"{spec.name}-{spec.version}")
+                for rpm in rpms:
+                    shutil.copy2(rpm, repos[repo_name] / rpm.name)
+                if spec.name == "fake-nvidia-driver":
+                    driver_rpms[spec.version] = [nevra(rpm) for rpm in rpms]
+    for repo in repos.values():
+        subprocess.run(["createrepo_c", "--quiet", str(repo)], check=True)
+    modules_file = out_dir / "modules.yaml"
+    modules_file.write_text(modulemd(driver_rpms))
+    subprocess.run(["modifyrepo_c", "--mdtype=modules", str(modules_file), str(repos["cuda"] / "repodata")],
+                   check=True, stdout=subprocess.DEVNULL)
+    summary = {"kernel": KERNEL + ".x86_64", "driver_branch": DRIVER_BRANCH, "driver_versions": DRIVER_VERSIONS,
+               "repos": {name: str(path) for name, path in repos.items()},
+               "packages": sorted(p.name for repo in repos.values() for p in repo.glob("*.rpm"))}
+    return summary
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: build.py OUT_DIR")
+    print(json.dumps(main(Path(sys.argv[1]).resolve()), indent=1))

@@ -1,0 +1,104 @@
+"""Project rules for the roles that ansible-lint does not check (see docs/ansible.md, "Role conventions")."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ANSIBLE = Path(__file__).resolve().parent.parent.parent / "ansible"
+ROLES = sorted(p for p in (ANSIBLE / "roles").iterdir() if p.is_dir())
+TASK_KEYWORDS = {
+    "name", "when", "tags", "register", "loop", "loop_control", "vars", "block", "rescue", "always", "notify", "become",
+    "changed_when", "failed_when", "check_mode", "environment", "until", "retries", "delay", "args", "listen",
+    "run_once", "delegate_to", "ignore_errors", "no_log", "timeout", "with_items", "diff", "throttle", "any_errors_fatal",
+}
+# A comparison applied to the release without "| int": '10' < '8' is True for strings.
+STRING_RELEASE_COMPARE = re.compile(r"distribution_major_version(?:'\])?\s*(?:==|!=|<=|>=|<|>|in\b)")
+
+
+def task_files(role: Path) -> list[Path]:
+    return sorted((role / "tasks").glob("*.yml")) + sorted((role / "handlers").glob("*.yml"))
+
+
+def iter_tasks(tasks: list) -> list[dict]:
+    found = []
+    for task in tasks or []:
+        found.append(task)
+        for key in ("block", "rescue", "always"):
+            found += iter_tasks(task.get(key, []))
+    return found
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_role_has_the_standard_files(role: Path) -> None:
+    for relative in ("defaults/main.yml", "meta/main.yml", "meta/argument_specs.yml", "tasks/main.yml", "README.md"):
+        assert (role / relative).is_file(), f"{role.name} lacks {relative}"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_defaults_and_argument_specs_agree(role: Path) -> None:
+    defaults = set(yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {})
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    documented = set().union(*(set(entry.get("options", {})) for entry in specs.values()))
+    assert defaults - documented == set(), f"{role.name}: defaults without an argument spec"
+    assert documented - defaults == set(), f"{role.name}: argument specs without a default"
+    assert all(name.startswith(role.name + "_") for name in defaults), f"{role.name}: a default lacks the role prefix"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_readme_documents_every_default(role: Path) -> None:
+    readme = (role / "README.md").read_text()
+    missing = [name for name in yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {} if name not in readme]
+    assert missing == [], f"{role.name}/README.md does not mention {missing}"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_only_builtin_modules(role: Path) -> None:
+    """Galaxy is unreachable on many sites: every module must come with ansible-core itself."""
+    for path in task_files(role):
+        for task in iter_tasks(yaml.safe_load(path.read_text())):
+            if "block" in task:
+                continue
+            modules = [key for key in task if key not in TASK_KEYWORDS]
+            assert len(modules) == 1, f"{path}: cannot tell the module of task {task.get('name')}: {modules}"
+            assert modules[0].startswith("ansible.builtin."), f"{path}: {modules[0]} is not an ansible.builtin module"
+
+
+def test_release_compare_rule_catches_string_comparisons() -> None:
+    assert STRING_RELEASE_COMPARE.search("when: ansible_distribution_major_version < '8'")
+    assert STRING_RELEASE_COMPARE.search("that: ansible_facts['distribution_major_version'] == '9'")
+    assert not STRING_RELEASE_COMPARE.search("that: ansible_facts['distribution_major_version'] | int >= 8")
+
+
+def test_releases_are_compared_as_integers() -> None:
+    offenders = [
+        f"{path.relative_to(ANSIBLE)}:{number}: {line.strip()}"
+        for path in sorted(ANSIBLE.rglob("*.yml")) + sorted(ANSIBLE.rglob("*.j2"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if STRING_RELEASE_COMPARE.search(line)
+    ]
+    assert offenders == []
+
+
+def test_the_only_reboot_is_opt_in_and_after_a_drain() -> None:
+    reboots = []
+    for role in ROLES:
+        for path in task_files(role):
+            for task in yaml.safe_load(path.read_text()) or []:
+                for inner in iter_tasks([task]):
+                    if "ansible.builtin.reboot" in inner:
+                        reboots.append((path, task))
+    assert len(reboots) == 1, reboots
+    path, block = reboots[0]
+    assert "nvidia_driver_reboot | bool" in block["when"]
+    names = [t.get("name", "") for t in block["block"]]
+    assert names.index("Drain the node before the reboot") < names.index("Reboot")
+    defaults = yaml.safe_load((ANSIBLE / "roles" / "nvidia_driver" / "defaults" / "main.yml").read_text())
+    assert defaults["nvidia_driver_reboot"] is False
+
+
+def test_no_collections_are_required() -> None:
+    assert not (ANSIBLE / "requirements.yml").exists() and not (ANSIBLE / "collections").exists()
