@@ -1,0 +1,60 @@
+"""The submitit callable: torch-free to import and to unpickle; it imports training code when called.
+
+``submit`` pickles ``TrainJob(config_yaml, run_dir)``; every Slurm task (or submitit-local process)
+unpickles it — without importing torch, so login nodes and submitters never need it — and calls it.
+The call installs our preemption handler in every rank first (replacing submitit's rank-0-only one),
+then runs training in this task and returns a small summary. A preempted run that was requeued must
+not return normally: submitit would record a result for an instance that did not finish, so the call
+raises ``SystemExit(0)``; checkpointed but not requeued, ``SystemExit(75)``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+class TrainJob:
+    """Run one rank of a job.
+
+    ``config_yaml``: the resolved job as YAML text (what ``hpc_train.config.dump_yaml`` writes), or the
+    path of such a file. ``run_dir``: the run directory; empty means ``$HPC_TRAIN_RUN_DIR``, else
+    ``<runs_dir>/<name>/local-<time>``.
+    """
+
+    def __init__(self, config_yaml: str, run_dir: str) -> None:
+        self.config_yaml = config_yaml
+        self.run_dir = run_dir
+
+    def _spec(self):
+        from ..config import spec_from_yaml_text
+
+        text = self.config_yaml
+        if "\n" not in text and text.strip() and os.path.isfile(text):
+            path = Path(text)
+            return spec_from_yaml_text(path.read_text(encoding="utf-8"), str(path)), path
+        return spec_from_yaml_text(text, "TrainJob config"), None
+
+    def __call__(self) -> dict[str, Any]:
+        from . import preempt
+
+        preempt.install()  # first: a signal during the imports below must not kill the rank
+        spec, job_file = self._spec()
+        preempt.install(spec.slurm.signal)
+        from . import launch  # imports torch
+
+        outcome = launch.run(spec, run_dir=self.run_dir or None, dry_run=False, job_file=job_file)
+        if outcome.summary.get("preempted"):
+            print(outcome.message, flush=True)
+            raise SystemExit(outcome.exit_code)
+        summary = outcome.summary
+        keep = ("run_dir", "dataset", "epochs", "global_step", "world_size", "group_sizes", "table")
+        brief = {k: summary.get(k) for k in keep}
+        for which in ("best", "last", "tau_norm"):
+            record = summary.get(which)
+            brief[which] = None if record is None else {k: v for k, v in record.items() if k != "per_class"}
+        return brief
+
+    def __repr__(self) -> str:
+        return f"TrainJob(run_dir={self.run_dir!r})"

@@ -1,0 +1,121 @@
+"""Atomic checkpoints in the run directory, newest-complete-first resume, corrupt → previous.
+
+A checkpoint is written to a temporary file in the same directory, flushed to disk and renamed over
+its final name with ``os.replace`` (atomic on POSIX filesystems, NFS and Lustre included), so a job
+killed mid-write leaves the previous checkpoints intact and never a half-written ``ckpt-*.pt``. Only
+plain containers, numbers, strings and tensors go in — RNG states too, as tensors — so
+``torch.load(weights_only=True)`` reads them without unpickling arbitrary objects.
+
+Names are ``checkpoints/ckpt-<global step, 10 digits>.pt``: the newest is the largest step. Loading tries
+the newest and falls back to older ones, with a warning, when a file does not load (a truncated file
+from a full disk, a filesystem hiccup).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger("hpc_train.train")
+
+_NAME_RE = re.compile(r"^ckpt-(\d{10})\.pt$")
+FORMAT_VERSION = 1
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def checkpoint_path(run_dir: Path, global_step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"ckpt-{global_step:010d}.pt"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, newest (largest step) first."""
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME_RE.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def save_atomic(state: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    try:  # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def load_latest(run_dir: Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], Path] | None:
+    """The newest checkpoint that loads; older ones are tried (with a warning) when it does not."""
+    for path in list_checkpoints(run_dir):
+        try:
+            state = torch.load(path, map_location=map_location, weights_only=True)
+            if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or "model" not in state:
+                raise ValueError("not an hpc-train checkpoint")
+            return state, path
+        except Exception as exc:  # noqa: BLE001 - any failure to read means: try the previous one
+            log.warning("checkpoint %s is unreadable (%s: %s); falling back to the previous one",
+                        path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    return None
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    for path in list_checkpoints(run_dir)[keep:]:
+        try:
+            path.unlink()
+        except OSError as exc:
+            log.warning("could not delete old checkpoint %s: %s", path, exc)
+
+
+# --------------------------------------------------------------------------------------------------
+# RNG states as tensors
+# --------------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states as tensors (weights_only-loadable)."""
+    np_state = np.random.get_state()
+    py_version, py_internal, py_gauss = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy_keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+        "numpy_pos": int(np_state[2]), "numpy_has_gauss": int(np_state[3]), "numpy_gauss": float(np_state[4]),
+        "python": torch.tensor(py_internal, dtype=torch.int64), "python_version": int(py_version),
+        "python_gauss": py_gauss,
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"],
+                         state["numpy_has_gauss"], state["numpy_gauss"]))
+    random.setstate((state["python_version"], tuple(int(v) for v in state["python"].tolist()),
+                     state["python_gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())

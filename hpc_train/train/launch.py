@@ -1,0 +1,271 @@
+"""Set up one rank and run it: launcher environment → device → process group → run directory → data →
+Trainer. Shared by ``python -m hpc_train.train`` and the submitit callable; imports torch.
+
+Order matters for failing fast: the world size and the device are checked before the rendezvous (a
+wrong world size would otherwise hang ``init_process_group`` until its timeout), configuration and data
+errors raise :class:`~hpc_train.errors.HpcTrainError` (exit 2), and backend switches are applied here,
+never at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import JobSpec, dump_yaml
+from ..dist import DistEnv, init_process_group
+from ..errors import ConfigError
+from . import preempt
+
+log = logging.getLogger("hpc_train.train")
+
+RUN_DIR_ENV = "HPC_TRAIN_RUN_DIR"
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    run_dir: Path | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+
+class _RankFormatter(logging.Formatter):
+    def __init__(self, rank: int) -> None:
+        super().__init__(f"%(asctime)s [r{rank}] %(message)s", datefmt="%H:%M:%S")
+
+
+def setup_logging(rank: int) -> None:
+    """Rank 0 logs progress (INFO); other ranks only warnings and errors. To stderr, like Slurm's logs
+    expect; results (the plan, the final table) go to stdout with print."""
+    logger = logging.getLogger("hpc_train")
+    for handler in list(logger.handlers):
+        if getattr(handler, "_hpc_train", False):
+            logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RankFormatter(rank))
+    handler._hpc_train = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    logger.propagate = False
+
+
+def wants_cuda(spec: JobSpec) -> bool:
+    t = spec.train
+    return t.device == "cuda" or (t.device == "auto" and spec.slurm.gpus_per_node > 0)
+
+
+def select_device(spec: JobSpec, env: DistEnv):
+    """``auto``: CUDA when the job asked for GPUs, else CPU; never a silent CPU fallback."""
+    import torch
+
+    if not wants_cuda(spec):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        why = (f"train.device=cuda" if spec.train.device == "cuda"
+               else f"the job asks for GPUs (slurm.gpus_per_node={spec.slurm.gpus_per_node})")
+        raise ConfigError(
+            f"{why} but CUDA is not available on {env.hostname} (torch {torch.__version__}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); fix the node's driver or "
+            "torch build, or set train.device=cpu to train on CPUs on purpose"
+        )
+    index = 0 if spec.train.strategy == "dp" else env.cuda_device_index(torch.cuda.device_count())
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def configure_backends(spec: JobSpec, env: DistEnv, device) -> None:
+    """Threads, determinism, cuDNN and matmul precision: switches from the config, set per run."""
+    import torch
+
+    t = spec.train
+    threads = t.num_threads
+    if threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = int(os.environ["OMP_NUM_THREADS"])
+    if threads is None:
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        sharing = env.local_world_size if env.source != "slurm" else 1  # srun binds each task's cores
+        threads = max(1, usable // max(1, sharing))
+    torch.set_num_threads(threads)
+    if t.deterministic:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = t.cudnn_benchmark
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 on Ampere+: the default for convolutions too
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def default_run_dir(spec: JobSpec) -> Path:
+    return Path(spec.runs_dir) / spec.name / time.strftime("local-%Y%m%d-%H%M%S")
+
+
+def choose_run_dir(spec: JobSpec, explicit: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    if os.environ.get(RUN_DIR_ENV):
+        return Path(os.environ[RUN_DIR_ENV])
+    return default_run_dir(spec)
+
+
+def _broadcast_from_rank0(value: Any) -> Any:
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def rank_record(env: DistEnv, device) -> dict[str, Any]:
+    """What this rank saw; the Slurm end-to-end tests compare it with ``hpc-train simulate``."""
+    return {
+        "rank": env.rank, "local_rank": env.local_rank, "node_rank": env.node_rank,
+        "world_size": env.world_size, "local_world_size": env.local_world_size,
+        "master_addr": env.master_addr, "master_port": env.master_port, "hostname": env.hostname,
+        "source": env.source, "pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "device": str(device), "job_id": env.job_id, "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0),
+        "host": socket.gethostname(),
+    }
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_params: int, steps: int) -> str:
+    from .metrics import FEW_BELOW, MANY_ABOVE, group_sizes
+
+    t = spec.train
+    counts = [int(c) for c in data.train_counts]
+    groups = group_sizes(counts)
+    rows = [" ".join(str(c) for c in counts[i:i + 20]) for i in range(0, len(counts), 20)]
+    loss = t.loss.name + (f", DRW from epoch {t.loss.drw_epoch}" if t.loss.drw_epoch is not None else "") + (
+        ", class-balanced weights" if t.loss.reweight == "class_balanced" else "")
+    lines = [
+        "hpc-train plan (dry run: nothing is trained)",
+        f"  data           {data.name} from {t.data.root} (profile {t.data.profile}, imbalance factor "
+        f"{t.data.imbalance_factor:g}, seed {t.data.seed})",
+        f"  classes        {data.num_classes}; training images per class, head to tail:",
+        *[f"                 {row}" for row in rows],
+        f"  total          {sum(counts)} training images, {len(data.val) if data.val is not None else 0} held out, "
+        f"{len(data.test)} test images",
+        f"  groups         many (>{MANY_ABOVE}) {groups['many']}, medium ({FEW_BELOW}-{MANY_ABOVE}) "
+        f"{groups['medium']}, few (<{FEW_BELOW}) {groups['few']}",
+        f"  world size     {world_size} ({spec.slurm.nodes} node(s) x {spec.slurm.ranks_per_node} rank(s)), "
+        f"strategy {t.strategy}, device {device_text}",
+        f"  batch          global {t.batch_size}, per rank {t.batch_size // world_size}, "
+        f"steps per epoch {steps} (sampler {t.sampler.name})",
+        f"  epochs         {t.epochs}" + (f" + {t.two_stage.crt_epochs} cRT" if t.two_stage.crt_epochs else "")
+        + (", then tau-normalisation" if t.two_stage.tau_norm else ""),
+        f"  model          {t.model.name} ({num_params} parameters, {t.model.classifier} classifier)",
+        f"  loss           {loss}",
+    ]
+    return "\n".join(lines)
+
+
+def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
+        job_file: Path | None = None) -> RunOutcome:
+    """Run this rank. Raises HpcTrainError (exit 2) for bad config or data; returns the outcome (the
+    exit code is 0, or a preemption code from :mod:`.preempt`)."""
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed collective aborts, never hangs
+    if spec.train.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initialises
+    import torch
+
+    from . import datasets
+    from .engine import RankContext, Trainer, init_model, steps_per_epoch
+    from .losses import build_loss
+
+    t = spec.train
+    env = DistEnv.from_environ()
+    if env.source != "single":
+        env.check(expected_world_size=spec.slurm.world_size)
+    setup_logging(env.rank)
+
+    if dry_run:
+        world = spec.slurm.world_size if (env.source == "single" and t.strategy == "ddp") else env.world_size
+        data = datasets.load(t.data, download_ok=False)
+        model = init_model(t, data)
+        build_loss(t.loss, [int(c) for c in data.train_counts])
+        steps = steps_per_epoch(len(data.train), world, t.batch_size)
+        device_text = "cuda" if wants_cuda(spec) else "cpu"
+        if wants_cuda(spec) and not torch.cuda.is_available():
+            device_text += " (not available on this machine: the ranks need it)"
+        print(plan_text(spec, data, world_size=world, device_text=device_text, num_params=count_parameters(model),
+                        steps=steps), flush=True)
+        return RunOutcome(0)
+
+    device = select_device(spec, env)
+    configure_backends(spec, env, device)
+    distributed = env.world_size > 1
+    if distributed:
+        init_process_group(env, backend="nccl" if device.type == "cuda" else "gloo",
+                           timeout_s=t.process_group_timeout_s)
+    clean_exit = False
+    try:
+        import torch.distributed as dist
+
+        chosen = choose_run_dir(spec, run_dir)
+        path = Path(_broadcast_from_rank0(str(chosen)) if distributed else chosen)
+        (path / "ranks").mkdir(parents=True, exist_ok=True)
+        (path / "ranks" / f"rank-{env.rank}.json").write_text(json.dumps(rank_record(env, device), indent=2) + "\n")
+        if env.rank == 0:
+            config_file = path / "job.yaml"  # the plain sbatch script writes the same file
+            same = job_file is not None and job_file.resolve() == config_file.resolve()
+            if not config_file.exists() and not same:
+                config_file.write_text(dump_yaml(spec), encoding="utf-8")
+            log.info("run directory %s; %d rank(s) (%s), device %s", path, env.world_size, env.source, device)
+        per_device = t.batch_size // env.world_size if t.strategy == "ddp" else t.batch_size // max(
+            1, torch.cuda.device_count() if device.type == "cuda" else 1)
+        if per_device < 16 and env.rank == 0:
+            log.warning("batch per device is %d (< 16): BatchNorm statistics get noisy; raise train.batch_size "
+                        "or use train.sync_bn on GPUs", per_device)
+
+        image_root = None
+        if t.data.name == "list" and t.data.stage_to:
+            image_root = Path(os.path.expandvars(t.data.stage_to)).expanduser()
+            if env.local_rank == 0:
+                copied = datasets.stage_list_files(t.data, image_root)
+                log.info("staged %d image files to %s", copied, image_root)
+            if distributed:
+                dist.barrier()
+        if t.data.download and env.local_rank != 0 and distributed:
+            dist.barrier()  # local rank 0 downloads first
+        data = datasets.load(t.data, image_root=image_root, download_ok=env.local_rank == 0)
+        if t.data.download and env.local_rank == 0 and distributed:
+            dist.barrier()
+        if env.rank == 0:
+            (path / "class_counts.json").write_text(json.dumps(
+                {"dataset": data.name, "train_counts": [int(c) for c in data.train_counts],
+                 "class_names": data.class_names}) + "\n", encoding="utf-8")
+
+        ctx = RankContext(env=env, device=device, rank=env.rank, world_size=env.world_size, distributed=distributed)
+        trainer = Trainer(spec, ctx, data, path)
+        try:
+            summary = trainer.fit()
+        except preempt.Preempted as stop:
+            clean_exit = True
+            return RunOutcome(stop.exit_code, path, {"preempted": True, "requeued": stop.requeued,
+                                                     "checkpoint": stop.checkpoint}, str(stop))
+        clean_exit = True
+        return RunOutcome(0, path, summary)
+    except BaseException as exc:
+        from ..errors import HpcTrainError
+
+        clean_exit = clean_exit or isinstance(exc, HpcTrainError)
+        raise
+    finally:
+        if distributed and clean_exit:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()

@@ -1,0 +1,132 @@
+"""Exact distributed evaluation and the many / medium / few report.
+
+Each rank counts per-class ``[correct, count]`` on its unpadded shard of the evaluation split and the
+counts are summed with one all-reduce, so world sizes 1, 2 and 3 give identical per-class accuracy.
+(``DistributedSampler`` pads the split with duplicates, and averaging per-rank accuracies is a mean of
+means — both are wrong for small tail classes.)
+
+Groups follow facebookresearch/classifier-balancing's ``shot_acc``: **many** > 100 training images,
+**few** < 20, **medium** otherwise — a class with exactly 100 or exactly 20 images is medium. Group
+accuracy is the mean of its classes' accuracies. All accuracies are fractions in [0, 1].
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+MANY_ABOVE = 100
+"""A class is many-shot when it has more than this many training images."""
+FEW_BELOW = 20
+"""A class is few-shot when it has fewer than this many training images."""
+GROUPS = ("many", "medium", "few")
+
+
+def shot_group(train_count: int) -> str:
+    if train_count > MANY_ABOVE:
+        return "many"
+    if train_count < FEW_BELOW:
+        return "few"
+    return "medium"
+
+
+def group_sizes(train_counts: Sequence[int]) -> dict[str, int]:
+    groups = [shot_group(int(n)) for n in train_counts]
+    return {g: groups.count(g) for g in GROUPS}
+
+
+class ClassCounter:
+    """Per-class ``[correct, count]`` on the device (int64, summed exactly across ranks)."""
+
+    def __init__(self, num_classes: int, device: torch.device) -> None:
+        self.num_classes = num_classes
+        self.table = torch.zeros(2, num_classes, dtype=torch.int64, device=device)
+
+    def update(self, predictions: Tensor, targets: Tensor) -> None:
+        self.table[1] += torch.bincount(targets, minlength=self.num_classes)
+        self.table[0] += torch.bincount(targets[predictions == targets], minlength=self.num_classes)
+
+    def all_reduce(self) -> "ClassCounter":
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(self.table, op=dist.ReduceOp.SUM)
+        return self
+
+    def numpy(self) -> tuple[np.ndarray, np.ndarray]:
+        table = self.table.cpu().numpy()
+        return table[0], table[1]
+
+
+def summarize(correct: Sequence[int], count: Sequence[int], train_counts: Sequence[int]) -> dict[str, Any]:
+    """Top-1, balanced accuracy (mean over classes that have evaluation images), many / medium / few
+    and per-class accuracy (None for a class without evaluation images)."""
+    correct_a, count_a = np.asarray(correct, dtype=np.int64), np.asarray(count, dtype=np.int64)
+    per_class = [float(c / n) if n > 0 else None for c, n in zip(correct_a, count_a)]
+    present = [a for a in per_class if a is not None]
+    out: dict[str, Any] = {
+        "top1": float(correct_a.sum() / count_a.sum()) if count_a.sum() else None,
+        "balanced": float(np.mean(present)) if present else None,
+    }
+    for group in GROUPS:
+        accs = [a for a, n in zip(per_class, train_counts) if a is not None and shot_group(int(n)) == group]
+        out[group] = float(np.mean(accs)) if accs else None
+    out["per_class"] = per_class
+    out["correct"] = correct_a.tolist()
+    out["count"] = count_a.tolist()
+    return out
+
+
+def _pct(value: float | None) -> str:
+    return "   -  " if value is None else f"{100 * value:6.2f}"
+
+
+def format_table(results: dict[str, dict[str, Any]], train_counts: Sequence[int]) -> str:
+    """The end-of-run table: one row per result (e.g. best, last), columns top-1 / balanced / groups."""
+    sizes = group_sizes(train_counts)
+    head = (f"{'':14s} {'top-1':>6s} {'bal.':>6s} {'many':>6s} {'medium':>6s} {'few':>6s}\n"
+            f"{'(classes)':14s} {'':>6s} {'':>6s} {sizes['many']:>6d} {sizes['medium']:>6d} {sizes['few']:>6d}")
+    rows = [f"{label:14s} {_pct(r.get('top1'))} {_pct(r.get('balanced'))} {_pct(r.get('many'))} "
+            f"{_pct(r.get('medium'))} {_pct(r.get('few'))}" for label, r in results.items()]
+    rule = "-" * 50
+    return "\n".join([rule, head, rule, *rows, rule])
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, allow_nan=False) + "\n")
+
+
+def plot_per_class(path: Path, per_class: Sequence[float | None], train_counts: Sequence[int], title: str) -> bool:
+    """PNG of per-class accuracy against training count (log x); False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    xs = [n for n, a in zip(train_counts, per_class) if a is not None]
+    ys = [100 * a for a in per_class if a is not None]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    ax.scatter(xs, ys, s=14)
+    ax.set_xscale("log")
+    ax.axvline(FEW_BELOW, color="grey", ls=":", lw=1)
+    ax.axvline(MANY_ABOVE, color="grey", ls=":", lw=1)
+    ax.set_xlabel("training images of the class")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def finite(value: float) -> bool:
+    return value is not None and math.isfinite(value)

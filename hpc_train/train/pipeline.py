@@ -1,0 +1,202 @@
+"""Batches: small sets live on the device, large ones stream through DataLoader workers.
+
+In-memory sets (CIFAR, digits, synthetic) are uploaded once as uint8 ``N×C×H×W`` (a quarter of the
+bytes of float32, and uint8 gathers are cheap); each step gathers its indices on the device and applies
+random crop (zero padding, as torchvision's ``RandomCrop(padding=p)``), horizontal flip and
+normalisation to the whole batch at once — the airbench pattern, no per-image Python. The random
+offsets and flips are drawn on the CPU from a generator seeded by (seed, epoch, step, rank), so an
+epoch resumed mid-way sees exactly the augmentations it would have seen, on any device.
+
+On-disk sets (list files, ImageFolder) use a DataLoader per split with our rank-sharded batch sampler,
+pinned memory on CUDA and persistent workers; augmentation is torchvision's RandomResizedCrop + flip.
+Their worker RNG is not restored on resume (documented in docs/training.md).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.utils.data
+from torch import Tensor
+
+from .datasets import ArraySplit, DataSource, FileSplit
+from .samplers import GlobalSampler, derive_seed, eval_shard
+
+
+class DeviceImages:
+    """An in-memory split on the device, with batched augmentation."""
+
+    def __init__(self, split: ArraySplit, device: torch.device, *, mean: tuple[float, ...], std: tuple[float, ...],
+                 crop_padding: int, flip: bool, channels_last: bool) -> None:
+        self.device = device
+        self.images = torch.from_numpy(split.images).to(device)
+        self.labels = torch.from_numpy(split.labels).to(device)
+        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
+        self.crop_padding, self.flip, self.channels_last = crop_padding, flip, channels_last
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _normalise(self, x: Tensor) -> Tensor:
+        x = (x.float().div_(255.0) - self.mean) / self.std
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def augmented(self, idx: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+        b = len(idx)
+        idx_dev = idx.to(self.device, non_blocking=True)
+        x = self.images[idx_dev]
+        _, c, h, w = x.shape
+        p = self.crop_padding
+        if p > 0:
+            offsets = torch.randint(0, 2 * p + 1, (b, 2), generator=gen).to(self.device, non_blocking=True)
+            padded = torch.nn.functional.pad(x, (p, p, p, p))
+            rows = (offsets[:, 0:1] + torch.arange(h, device=self.device))[:, None, :, None]
+            cols = (offsets[:, 1:2] + torch.arange(w, device=self.device))[:, None, None, :]
+            x = padded[torch.arange(b, device=self.device)[:, None, None, None],
+                       torch.arange(c, device=self.device)[None, :, None, None], rows, cols]
+        if self.flip:
+            flips = (torch.rand(b, generator=gen) < 0.5).to(self.device, non_blocking=True)
+            x = torch.where(flips[:, None, None, None], x.flip(3), x)
+        return self._normalise(x), self.labels[idx_dev]
+
+    def plain(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        idx_dev = idx.to(self.device, non_blocking=True)
+        return self._normalise(self.images[idx_dev]), self.labels[idx_dev]
+
+
+# --------------------------------------------------------------------------------------------------
+# On-disk images
+# --------------------------------------------------------------------------------------------------
+
+
+class FileImages(torch.utils.data.Dataset):
+    def __init__(self, split: FileSplit, transform) -> None:
+        self.split, self.transform = split, transform
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        path = self.split.root / self.split.paths[i]
+        try:
+            with Image.open(path) as img:
+                image = img.convert("RGB")
+        except OSError as exc:
+            raise RuntimeError(f"cannot read image {path}: {exc}") from None
+        return self.transform(image), int(self.split.labels[i])
+
+
+def _transforms(size: int, mean, std, train: bool):
+    from torchvision import transforms as T
+
+    if train:
+        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std)])
+    return T.Compose([T.Resize(int(round(size * 256 / 224))), T.CenterCrop(size), T.ToTensor(), T.Normalize(mean, std)])
+
+
+class _ShardBatches(torch.utils.data.Sampler):
+    """Batch sampler over one rank's shard; the trainer sets (epoch, start_step) before each epoch."""
+
+    def __init__(self, sampler: GlobalSampler, rank: int, world_size: int, batch: int) -> None:
+        self.sampler, self.rank, self.world_size, self.batch = sampler, rank, world_size, batch
+        self.epoch, self.start_step = 0, 0
+
+    def __iter__(self):
+        for idx in self.sampler.batches(self.epoch, self.rank, self.world_size, self.batch, self.start_step):
+            yield idx.tolist()
+
+    def __len__(self) -> int:
+        return self.sampler.steps_per_epoch(self.world_size, self.batch) - self.start_step
+
+
+class _IndexBatches(torch.utils.data.Sampler):
+    def __init__(self, indices: range, batch: int) -> None:
+        self.indices, self.batch = indices, batch
+
+    def __iter__(self):
+        for start in range(0, len(self.indices), self.batch):
+            yield list(self.indices[start: start + self.batch])
+
+    def __len__(self) -> int:
+        return -(-len(self.indices) // self.batch)
+
+
+# --------------------------------------------------------------------------------------------------
+# What the trainer sees
+# --------------------------------------------------------------------------------------------------
+
+
+class Feed:
+    """Training batches of one rank for one epoch, and evaluation batches of one rank's unpadded shard."""
+
+    def __init__(self, data: DataSource, device: torch.device, *, rank: int, world_size: int, seed: int,
+                 crop_padding: int, flip: bool, channels_last: bool, num_workers: int) -> None:
+        self.data, self.device, self.rank, self.world_size, self.seed = data, device, rank, world_size, seed
+        self.channels_last = channels_last
+        self.num_workers = num_workers
+        self._mem: dict[str, DeviceImages] = {}
+        self._loaders: dict[tuple, torch.utils.data.DataLoader] = {}
+        self._aug = dict(mean=data.mean, std=data.std, crop_padding=crop_padding, flip=flip,
+                         channels_last=channels_last)
+
+    def _device_split(self, which: str) -> DeviceImages:
+        if which not in self._mem:
+            split = getattr(self.data, which)
+            self._mem[which] = DeviceImages(split, self.device, **self._aug)
+        return self._mem[which]
+
+    def _to_device(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        x = x.to(self.device, non_blocking=True)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y.to(self.device, non_blocking=True)
+
+    def _loader(self, key: tuple, dataset, batch_sampler) -> torch.utils.data.DataLoader:
+        if key not in self._loaders:
+            workers = self.num_workers
+            self._loaders[key] = torch.utils.data.DataLoader(
+                dataset, batch_sampler=batch_sampler, num_workers=workers,
+                pin_memory=self.device.type == "cuda", persistent_workers=workers > 0,
+                prefetch_factor=4 if workers > 0 else None,
+                generator=torch.Generator().manual_seed(derive_seed("loader", self.seed, self.rank)),
+            )
+        return self._loaders[key]
+
+    def train_batches(self, sampler: GlobalSampler, epoch: int, batch_per_rank: int,
+                      start_step: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
+        if self.data.in_memory:
+            images = self._device_split("train")
+            for step, idx in enumerate(sampler.batches(epoch, self.rank, self.world_size, batch_per_rank, start_step),
+                                       start_step):
+                gen = torch.Generator().manual_seed(derive_seed("augment", self.seed, epoch, step, self.rank))
+                yield images.augmented(idx, gen)
+            return
+        key = ("train", id(sampler), batch_per_rank)
+        if key not in self._loaders:
+            batches = _ShardBatches(sampler, self.rank, self.world_size, batch_per_rank)
+            dataset = FileImages(self.data.train, _transforms(self.data.image_size, self.data.mean, self.data.std, True))
+            self._loader(key, dataset, batches)
+        loader = self._loaders[key]
+        loader.batch_sampler.epoch, loader.batch_sampler.start_step = epoch, start_step
+        for x, y in loader:
+            yield self._to_device(x, y)
+
+    def eval_batches(self, which: str, batch: int) -> Iterator[tuple[Tensor, Tensor]]:
+        split = getattr(self.data, which)
+        shard = eval_shard(len(split), self.rank, self.world_size)
+        if self.data.in_memory:
+            images = self._device_split(which)
+            for start in range(0, len(shard), batch):
+                r = shard[start: start + batch]
+                yield images.plain(torch.arange(r.start, r.stop, r.step))
+            return
+        key = (which, batch)
+        if key not in self._loaders:
+            dataset = FileImages(split, _transforms(self.data.image_size, self.data.mean, self.data.std, False))
+            self._loader(key, dataset, _IndexBatches(shard, batch))
+        for x, y in self._loaders[key]:
+            yield self._to_device(x, y)

@@ -1,0 +1,114 @@
+"""Sampler distributions and sharding arithmetic (in one process), and the many/medium/few rules.
+
+The cross-process properties (disjoint shards, union = single-process sequence, identical evaluation
+at world sizes 1, 2, 3) are checked with real gloo processes in test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hpc_train.train.datasets import longtail_counts  # noqa: E402
+from hpc_train.train.metrics import format_table, group_sizes, shot_group, summarize  # noqa: E402
+from hpc_train.train.samplers import GlobalSampler  # noqa: E402
+
+from .helpers import ldam_counts  # noqa: E402
+
+COUNTS = [400, 120, 40, 10]
+LABELS = np.repeat(np.arange(4), COUNTS)
+
+
+def _class_histogram(sampler: GlobalSampler, epoch: int) -> np.ndarray:
+    seq = sampler.global_sequence(epoch).numpy()
+    return np.bincount(LABELS[seq], minlength=4) / len(seq)
+
+
+def test_instance_sampler_is_a_permutation_that_changes_per_epoch():
+    s = GlobalSampler(LABELS, 4, name="instance", seed=3)
+    e0, e1 = s.global_sequence(0), s.global_sequence(1)
+    assert sorted(e0.tolist()) == list(range(len(LABELS)))
+    assert not torch.equal(e0, e1)
+    assert torch.equal(e0, GlobalSampler(LABELS, 4, name="instance", seed=3).global_sequence(0))  # (seed, epoch)
+    assert not torch.equal(e0, GlobalSampler(LABELS, 4, name="instance", seed=4).global_sequence(0))
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("class_balanced", [0.25] * 4),
+    ("sqrt", [math.sqrt(n) / sum(math.sqrt(m) for m in COUNTS) for n in COUNTS]),
+])
+def test_rebalancing_samplers_hit_their_class_distribution(name, expected):
+    s = GlobalSampler(LABELS, 4, name=name, seed=0, num_samples=200_000)
+    hist = _class_histogram(s, 0)
+    assert hist.tolist() == pytest.approx(expected, abs=0.005)  # 200k draws: sd < 0.001
+    # Within a class every image is drawn about equally often (class 3 has 10 images).
+    seq = s.global_sequence(0).numpy()
+    tail = np.bincount(seq[LABELS[seq] == 3] - 560, minlength=10)
+    assert tail.min() > 0.8 * tail.mean()
+
+
+def test_progressive_sampler_moves_from_instance_to_balanced():
+    s = GlobalSampler(LABELS, 4, name="progressive", seed=0, progressive_epochs=10, num_samples=200_000)
+    instance = [n / sum(COUNTS) for n in COUNTS]
+    assert _class_histogram(s, 0).tolist() == pytest.approx(instance, abs=0.005)
+    halfway = [0.5 * p + 0.5 * 0.25 for p in instance]
+    assert _class_histogram(s, 5).tolist() == pytest.approx(halfway, abs=0.005)
+    assert _class_histogram(s, 10).tolist() == pytest.approx([0.25] * 4, abs=0.005)
+
+
+def test_shard_lengths_and_steps():
+    s = GlobalSampler(LABELS, 4, name="instance", seed=0)  # 570 images
+    for world in (1, 2, 3, 4, 7):
+        shards = [s.shard(0, r, world) for r in range(world)]
+        assert {len(x) for x in shards} == {570 // world}
+        batches = [list(s.batches(0, r, world, 16)) for r in range(world)]
+        assert len({len(b) for b in batches}) == 1  # every rank takes the same number of steps
+        assert len(batches[0]) == math.ceil((570 // world) / 16) == s.steps_per_epoch(world, 16)
+    resumed = list(s.batches(2, 1, 3, 16, start_step=5))
+    full = list(s.batches(2, 1, 3, 16))
+    assert all(torch.equal(a, b) for a, b in zip(resumed, full[5:])) and len(resumed) == len(full) - 5
+
+
+def test_sampler_state_round_trip():
+    s = GlobalSampler(LABELS, 4, name="sqrt", seed=1)
+    for _ in zip(range(3), s.batches(4, 0, 2, 8)):
+        pass
+    state = s.state_dict()
+    other = GlobalSampler(LABELS, 4, name="sqrt", seed=1)
+    other.load_state_dict(state)
+    assert (other.epoch, other.position) == (4, 16)
+    with pytest.raises(ValueError):
+        GlobalSampler(LABELS, 4, name="sqrt", seed=2).load_state_dict(state)
+
+
+def test_group_boundaries_are_pinned_at_exactly_100_and_20():
+    assert [shot_group(n) for n in (101, 100, 99, 21, 20, 19, 1)] == [
+        "many", "medium", "medium", "medium", "medium", "few", "few"]
+
+
+def test_group_sizes_on_cifar100_lt_match_the_literature():
+    # The LDAM-DRW profile puts exactly 20 images in class 69 at IF 100, exactly 20 in class 81 at IF 50
+    # and exactly 100 in class 69 at IF 10: the boundary convention decides these (notes, §1.3).
+    assert group_sizes(ldam_counts(500, 100, 100)) == {"many": 35, "medium": 35, "few": 30}
+    assert group_sizes(ldam_counts(500, 100, 50)) == {"many": 41, "medium": 41, "few": 18}
+    assert group_sizes(ldam_counts(500, 100, 10)) == {"many": 69, "medium": 31, "few": 0}
+    assert ldam_counts(500, 100, 100)[69] == 20 and ldam_counts(500, 100, 10)[69] == 100
+    assert longtail_counts(500, 100, 100) == ldam_counts(500, 100, 100)
+
+
+def test_summarize_by_hand():
+    train_counts = [150, 100, 20, 19]     # many, medium, medium, few
+    correct, count = [9, 6, 1, 0], [10, 10, 4, 0]  # the few class has no test images
+    s = summarize(correct, count, train_counts)
+    assert s["top1"] == pytest.approx(16 / 24)
+    assert s["per_class"] == [pytest.approx(0.9), pytest.approx(0.6), pytest.approx(0.25), None]
+    assert s["balanced"] == pytest.approx((0.9 + 0.6 + 0.25) / 3)
+    assert s["many"] == pytest.approx(0.9)
+    assert s["medium"] == pytest.approx((0.6 + 0.25) / 2)
+    assert s["few"] is None
+    table = format_table({"last": s}, train_counts)
+    assert "66.67" in table and "90.00" in table and "42.50" in table
