@@ -438,18 +438,44 @@ def _submit_local(spec: JobSpec, sources: JobSources, *, cwd: Path | None, note:
                         note=note, job=job)
 
 
+_ACTIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED",
+                  "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT")
+
+
+def final_slurm_state(job_id: str, timeout_s: float = 60.0) -> slurm_cli.JobState:
+    """Slurm's verdict once the job has left the queue (sacct lags a second or two behind squeue)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = slurm_cli.job_state(job_id)
+        if state.state not in _ACTIVE_STATES and state.state != "UNKNOWN":
+            return state
+        if time.monotonic() > deadline:
+            return state
+        time.sleep(1.0)
+
+
 def wait_for(result: SubmitResult) -> list[Any]:
-    """Block until the job (every task of an array) ends; JobFailedError saying why when one failed."""
+    """Block until the job (every task of an array) ends; JobFailedError saying why when one failed.
+
+    submitit's result pickle says what rank 0's callable returned; Slurm has the last word (a rank that
+    crashes after rank 0 finished still fails the job), so a Slurm job must also end COMPLETED."""
     jobs = result.job if isinstance(result.job, list) else [result.job]
     outcomes = []
     for job in jobs:
+        job_id = str(job.job_id)
+        hint = f"see `hpc-train status {job_id}` and `hpc-train logs {job_id}`"
         try:
             outcomes.append(job.results())
         except Exception as exc:
             lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
             reason = lines[-1].strip() if lines else type(exc).__name__
-            raise JobFailedError(f"job {job.job_id} ({result.run_name}) failed: {reason}; "
-                                 f"see `hpc-train status {job.job_id}` and `hpc-train logs {job.job_id}`") from None
+            raise JobFailedError(f"job {job_id} ({result.run_name}) failed: {reason}; {hint}") from None
+        if result.cluster == "slurm":
+            final = final_slurm_state(job_id)
+            if final.state != "COMPLETED":
+                raise JobFailedError(f"job {job_id} ({result.run_name}) ended {final.state}"
+                                     f"{' (exit ' + final.exit_code + ')' if final.exit_code else ''} although "
+                                     f"rank 0 returned; {hint}")
     return outcomes
 
 
@@ -641,8 +667,7 @@ def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0
 
 
 def job_is_over(run: Run) -> bool:
-    state = run_status(run)["state"]
-    return state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+    return run_status(run)["state"] not in _ACTIVE_STATES
 
 
 def cancel_run(run: Run) -> str:
