@@ -235,16 +235,34 @@ def _download_cifar(name: str, root: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+def _read_sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's ``digits.csv.gz`` (64 pixels then the label per row), read directly: importing
+    ``sklearn.datasets`` pulls in scipy and costs seconds in every rank. Same arrays as ``load_digits``."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(base) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt") as f:
+                data = np.loadtxt(f, delimiter=",")
+            return data[:, :-1], data[:, -1].astype(np.int64)
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise DataError("digits-lt needs scikit-learn (its bundled digits): pip install scikit-learn") from None
+    digits = load_digits()
+    return digits.data, digits.target.astype(np.int64)
+
+
 def load_digits_lt(cfg: DataConfig) -> DataSource:
     """1,797 real 8×8 digits (0–16 grey levels → uint8). Per class, in label order, one
     ``RandomState(data.seed)`` shuffles the class's images; the first ``test_per_class`` form the balanced
     test split, the rest the pool. The long tail is cut from the pools with the LDAM-DRW profile, n_max
     being the smallest pool (so every class can supply its share)."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None, :, :]
-    labels = digits.target.astype(np.int64)
+    pixels, labels = _read_sklearn_digits()
+    images = np.rint(pixels.reshape(-1, 1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)
     rng = np.random.RandomState(cfg.seed)
     test_idx, pools = [], []
     for cls in range(10):

@@ -97,3 +97,33 @@ def steps_per_epoch(num_images: int, world_size: int, batch_size: int) -> int:
     per_rank = num_images // world_size
     batch = batch_size // world_size
     return -(-per_rank // batch)
+
+
+def make_spec(train: dict[str, Any], *, tasks: int = 1, name: str = "t", runs_dir: str = "runs", **slurm: Any):
+    """A validated JobSpec (CPU, one thread per rank) from plain dicts, as a job file would give."""
+    from hpc_train.config import JobSpec, build, validate
+
+    return validate(build(JobSpec, {
+        "name": name, "runs_dir": runs_dir,
+        "slurm": {"nodes": 1, "gpus_per_node": 0, "tasks_per_node": tasks, **slurm},
+        "train": {"device": "cpu", "num_threads": 1, **train},
+    }))
+
+
+DIGITS_QUICK = {
+    "epochs": 4, "batch_size": 32, "log_every_steps": 1000,
+    "data": {"name": "digits-lt", "imbalance_factor": 20},
+    "model": {"name": "small_cnn"}, "loss": {"name": "ce"},
+    "optim": {"lr": 0.05, "weight_decay": 5e-4}, "schedule": {"name": "cosine"},
+}
+"""A few seconds of single-process training on the real digits."""
+
+
+def deep_update(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out

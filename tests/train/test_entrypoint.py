@@ -1,0 +1,229 @@
+"""The entrypoint end to end in one process: bad input, devices, strategies, two-stage, checkpoints,
+the submitit callable. (Multi-process behaviour: test_distributed.py and test_resume.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hpc_train.config import dump_yaml  # noqa: E402
+from hpc_train.train import checkpoint as ckpt  # noqa: E402
+from hpc_train.train import launch  # noqa: E402
+from hpc_train.train.__main__ import main  # noqa: E402
+
+from .helpers import (  # noqa: E402
+    DIGITS_QUICK, PYTHON, REPO, clean_env, deep_update, digits_lt_counts, make_spec, steps_per_epoch, write_job,
+)
+
+
+def _one_or_two_lines_no_traceback(err: str) -> None:
+    assert "Traceback" not in err, err
+    assert 1 <= len(err.strip().splitlines()) <= 2, err
+
+
+@pytest.mark.parametrize("sets, expected", [
+    (["train.loss.name=nope"], "train.loss.name: must be one of"),
+    (["train.model.name=vgg"], "train.model.name: must be one of"),
+    (["train.data.name=mnist"], "train.data.name: must be one of"),
+    (["train.batch_size=63"], "does not split across 2 ranks"),
+    (["train.optimizer=adam"], "unknown key 'train.optimizer'"),
+    (["train.loss.label_smoothing=0.1"], "label_smoothing applies to ce only"),
+    (["train.two_stage.tau_norm=true"], "never on test"),
+    (["train.data.name=list", "train.data.train_list=a.txt", "train.data.test_list=b.txt",
+      "train.data.root=/nonexistent"], "list file not found: /nonexistent/a.txt"),
+])
+def test_bad_input_exits_2_with_a_clear_message(sets, expected, capsys, restore_signals):
+    args = ["jobs/digits_lt_demo.yaml", "--dry-run"]
+    for item in sets:
+        args += ["--set", item]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    _one_or_two_lines_no_traceback(err)
+
+
+def test_bad_input_exit_code_of_the_real_process(tmp_path):
+    proc = subprocess.run([PYTHON, "-m", "hpc_train.train", "jobs/digits_lt_demo.yaml", "--set", "train.loss.name=x"],
+                          cwd=REPO, env=clean_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    _one_or_two_lines_no_traceback(proc.stderr)
+    missing = subprocess.run([PYTHON, "-m", "hpc_train.train", str(tmp_path / "no.yaml")], cwd=REPO,
+                             env=clean_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "job file not found" in missing.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the missing-CUDA path")
+@pytest.mark.parametrize("sets, why", [
+    (["train.device=cuda"], "train.device=cuda"),
+    (["slurm.gpus_per_node=1"], "slurm.gpus_per_node=1"),  # device auto + GPUs requested: never a CPU fallback
+])
+def test_cuda_without_cuda_exits_2(sets, why, tmp_path, capsys, restore_signals):
+    job = write_job(tmp_path / "job.yaml", DIGITS_QUICK, tasks=1)
+    args = [str(job), "--run-dir", str(tmp_path / "run")]
+    for item in sets:
+        args += ["--set", item]
+    args += ["--set", "train.device=" + ("cuda" if "cuda" in sets[0] else "auto")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert why in err and "CUDA is not available" in err and "train.device=cpu" in err
+    _one_or_two_lines_no_traceback(err)
+
+
+def _final_state(run_dir: Path) -> dict:
+    state, _ = ckpt.load_latest(run_dir)
+    return state
+
+
+def test_strategy_dp_cpu_form_trains_like_none(tmp_path):
+    # DataParallel on a machine without GPUs calls the module directly: same weights as strategy none,
+    # and checkpoints carry the bare model's keys (no "module." prefix), so they are interchangeable.
+    results = {}
+    for strategy in ("none", "dp"):
+        spec = make_spec(deep_update(DIGITS_QUICK, strategy=strategy, epochs=2))
+        outcome = launch.run(spec, run_dir=str(tmp_path / strategy))
+        assert outcome.exit_code == 0
+        results[strategy] = _final_state(tmp_path / strategy)
+    a, b = results["none"]["model"], results["dp"]["model"]
+    assert a.keys() == b.keys() and not any(k.startswith("module.") for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert results["dp"]["global_step"] == 2 * steps_per_epoch(sum(digits_lt_counts(20)), 1, 32)
+
+
+def test_run_directory_outputs(tmp_path, capsys):
+    spec = make_spec(deep_update(DIGITS_QUICK, epochs=3, eval_every_epochs=2, loss={"name": "ce", "posthoc_tau": 1.0}))
+    run_dir = tmp_path / "run"
+    outcome = launch.run(spec, run_dir=str(run_dir))
+    assert outcome.exit_code == 0
+    out = capsys.readouterr().out
+    assert "many" in out and "medium" in out and "few" in out and "post-hoc tau=1" in out
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [2, 3]  # every 2 epochs, and always after the last
+    counts = digits_lt_counts(20)
+    for r in records:
+        assert r["count"] == [50] * 10 and len(r["per_class"]) == 10
+        assert r["top1"] == pytest.approx(sum(r["correct"]) / 500)
+        assert r["balanced"] == pytest.approx(sum(r["per_class"]) / 10)
+        many = [a for a, n in zip(r["per_class"], counts) if n > 100]
+        assert r["many"] == pytest.approx(sum(many) / len(many))
+        assert set(r["posthoc"]) >= {"tau", "top1", "balanced", "many", "medium", "few", "per_class"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["last"]["top1"] == records[-1]["top1"]
+    assert summary["best"]["top1"] == max(r["top1"] for r in records)
+    assert summary["train_counts"] == counts
+    assert json.loads((run_dir / "class_counts.json").read_text())["train_counts"] == counts
+    rank = json.loads((run_dir / "ranks" / "rank-0.json").read_text())
+    assert rank["rank"] == 0 and rank["world_size"] == 1 and rank["source"] == "single" and rank["pid"] == os.getpid()
+    assert {"local_rank", "node_rank", "local_world_size", "master_addr", "master_port", "hostname",
+            "CUDA_VISIBLE_DEVICES"} <= set(rank)
+    assert (run_dir / "job.yaml").read_text() == dump_yaml(spec)
+    assert (run_dir / "per_class_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+    assert len(ckpt.list_checkpoints(run_dir)) == spec.train.keep_checkpoints
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
+    spec = make_spec(deep_update(DIGITS_QUICK, epochs=2))
+    run_dir = tmp_path / "run"
+    assert launch.run(spec, run_dir=str(run_dir)).exit_code == 0
+    newest, previous = ckpt.list_checkpoints(run_dir)
+    good = torch.load(previous, weights_only=True)  # RNG states are tensors: weights_only loads them
+    newest.write_bytes(newest.read_bytes()[:2000])   # a truncated file, as a full disk leaves it
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="hpc_train")
+    logging.getLogger("hpc_train").propagate = True  # launch.run set it to False; let caplog see it
+    state, path = ckpt.load_latest(run_dir)
+    assert path == previous and state["global_step"] == good["global_step"]
+    assert any("unreadable" in r.getMessage() and newest.name in r.getMessage() for r in caplog.records)
+    # A new start resumes from it (one epoch back) and trains the last epoch again.
+    assert launch.run(spec, run_dir=str(run_dir)).exit_code == 0
+    assert _final_state(run_dir)["global_step"] == 2 * steps_per_epoch(sum(digits_lt_counts(20)), 1, 32)
+
+
+def test_crt_and_tau_norm(tmp_path):
+    # Two epochs of joint training, two of cRT (frozen features, fresh classifier, class-balanced
+    # sampling), then τ chosen on a held-out 20% of the training set.
+    spec = make_spec(deep_update(DIGITS_QUICK, epochs=2, keep_checkpoints=10,
+                                 data={"name": "digits-lt", "imbalance_factor": 20, "val_fraction": 0.2},
+                                 two_stage={"crt_epochs": 2, "crt_lr": 0.1, "tau_norm": True}))
+    run_dir = tmp_path / "run"
+    assert launch.run(spec, run_dir=str(run_dir)).exit_code == 0
+    states = {torch.load(p, weights_only=True)["epoch"]: torch.load(p, weights_only=True)
+              for p in ckpt.list_checkpoints(run_dir)}
+    after_joint, after_crt = states[2]["model"], states[4]["model"]
+    assert states[2]["phase"] == "main" and states[4]["phase"] == "crt"
+    backbone = [k for k in after_joint if k.startswith("backbone.")]
+    assert backbone and all(torch.equal(after_joint[k], after_crt[k]) for k in backbone)  # frozen, BN too
+    assert not torch.equal(after_joint["classifier.weight"], after_crt["classifier.weight"])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in records] == ["main", "main", "crt", "crt", "tau_norm"]
+    tau = records[-1]
+    assert tau["tau"] in [round(0.1 * i, 1) for i in range(21)]
+    grid = [round(0.1 * i, 1) for i in range(21)]
+    assert tau["tau"] == max(grid, key=lambda t: (tau["val_balanced"][str(t)], -t))  # best on held-out, ties small
+    assert tau["count"] == [50] * 10  # reported on the test split, chosen on the held-out split
+
+
+def test_train_job_callable_returns_a_summary(tmp_path):
+    from hpc_train.train.callable import TrainJob
+
+    spec = make_spec(deep_update(DIGITS_QUICK, epochs=1))
+    result = TrainJob(dump_yaml(spec), str(tmp_path / "run"))()
+    assert result["global_step"] == steps_per_epoch(sum(digits_lt_counts(20)), 1, 32)
+    assert 0 < result["last"]["top1"] <= 1 and "per_class" not in result["last"]
+    assert "many" in result["table"]
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(dump_yaml(spec))
+    again = TrainJob(str(job_file), str(tmp_path / "run"))()  # a path works too; the run is already done
+    assert again["global_step"] == result["global_step"]
+
+
+FAKE_SCONTROL = """#!/bin/sh
+echo "$@" >> "{log}"
+exit 0
+"""
+
+
+@pytest.mark.parametrize("restart_count, expect_requeue", [("0", True), ("3", False)])
+def test_preempted_train_job_requeues_and_does_not_return(tmp_path, restart_count, expect_requeue):
+    # Slurm cannot run here, so `scontrol` is a stand-in that records its arguments; the signal, the
+    # checkpoint, the decision and the exit are real. (The Slurm suite requeues for real.)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "scontrol.log"
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL.format(log=log))
+    (bin_dir / "scontrol").chmod(0o755)
+    spec = make_spec(deep_update(DIGITS_QUICK, epochs=2, preempt_check_every_steps=3))
+    run_dir = tmp_path / "run"
+    code = (
+        "import os, signal, sys\n"
+        "from hpc_train.train import preempt\n"
+        "from hpc_train.train.callable import TrainJob\n"
+        "preempt.install()\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"  # arrives before training starts
+        f"result = TrainJob(open({str(tmp_path / 'job.yaml')!r}).read(), {str(run_dir)!r})()\n"
+        "print('RETURNED', result)\n"
+    )
+    (tmp_path / "job.yaml").write_text(dump_yaml(spec))
+    env = clean_env(tmp_path, SLURM_JOB_ID="1234", SLURM_ARRAY_JOB_ID="1200", SLURM_ARRAY_TASK_ID="3",
+                    SLURM_RESTART_COUNT=restart_count, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    proc = subprocess.run([PYTHON, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert "RETURNED" not in proc.stdout  # submitit must record no result for this instance
+    state = torch.load(ckpt.list_checkpoints(run_dir)[0], weights_only=True)
+    assert state["global_step"] == 3 and state["epoch"] == 0 and state["step_in_epoch"] == 3
+    status = json.loads((run_dir / "status.json").read_text())
+    if expect_requeue:
+        assert proc.returncode == 0, proc.stderr
+        assert log.read_text().split() == ["requeue", "1200_3"]  # the array-aware id
+        assert status["state"] == "requeued"
+    else:
+        assert proc.returncode == 75, proc.stderr
+        assert not log.exists()
+        assert status["state"] == "preempted" and "max_requeues" in proc.stderr
+        assert "hpc-train submit --resume" in proc.stdout + proc.stderr
