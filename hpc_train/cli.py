@@ -244,6 +244,8 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
     else:
         click.echo(f"submitted {result.run_name} (job {result.job_id}, {result.cluster}); run dir {result.run_dir}")
     if wait:
+        if not as_json:
+            submit_mod.stream_rank0(result, click.echo)
         submit_mod.wait_for(result)
         if not as_json:
             click.echo(f"job {result.job_id} finished successfully")
@@ -352,7 +354,7 @@ def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
         return
     for row in rows:
         extra = ", ".join(f"{k} {v}" for k, v in row.items()
-                          if k in ("reason", "elapsed", "nodes", "exit_code", "first_failure"))
+                          if k in ("reason", "elapsed", "nodes", "exit_code", "train_state", "first_failure", "hint"))
         progress = row.get("progress")
         if progress:
             extra = (extra + ", " if extra else "") + " ".join(f"{k}={v}" for k, v in progress.items())

@@ -336,8 +336,7 @@ def submit(spec: JobSpec, sources: JobSources, *, cluster: Cluster = "auto", cwd
     for _ in range(chain - 1):
         dependency = {**spec.slurm.extra_sbatch, "dependency": f"afterany:{ids[-1]}"}
         follow = dataclasses.replace(spec, slurm=dataclasses.replace(spec.slurm, extra_sbatch=dependency))
-        ids.append(_submit_slurm(follow, sources, cwd=cwd, interpreter=interpreter, resume_dir=run_dir,
-                                 record=False).job_id)
+        ids.append(_submit_slurm(follow, sources, cwd=cwd, interpreter=interpreter, resume_dir=run_dir).job_id)
     return dataclasses.replace(first, tasks=tuple(ids),
                                note=f"chain of {chain} jobs: {', '.join(ids)} (each resumes {run_dir})")
 
@@ -359,7 +358,7 @@ def _sbatch_refused(exc: Exception) -> SubmitError:
 
 
 def _submit_slurm(spec: JobSpec, sources: JobSources, *, cwd: Path | None, interpreter: str | None,
-                  resume_dir: Path | None = None, record: bool = True) -> SubmitResult:
+                  resume_dir: Path | None = None) -> SubmitResult:
     executor = _executor(spec, sources, cwd, interpreter, resume_dir)
     try:
         job = executor.submit(_train_job(spec, None))
@@ -369,10 +368,11 @@ def _submit_slurm(spec: JobSpec, sources: JobSources, *, cwd: Path | None, inter
     run_dir = resume_dir or runs_root(spec, cwd) / spec.name / job_id
     script = Path(job.paths.submission_file).read_text(encoding="utf-8")
     folder = submitit_folder(spec, cwd)
-    if record:
+    if resume_dir is None:
         write_run_files(run_dir, spec, sources, job_id=job_id, cluster="slurm", script=script,
                         logs=_submitit_logs(folder, job_id), extra={"submitit_folder": str(folder)})
-    else:  # a continuation: note the new job in the run's record
+    else:  # a continuation (--resume, --chain): note the new job in the run's record
+        (run_dir / f"job-{job_id}.sbatch").write_text(script, encoding="utf-8")
         _append_job(run_dir, job_id, _submitit_logs(folder, job_id))
     return SubmitResult(job_id=job_id, run_name=f"{spec.name}/{run_dir.name}", run_dir=str(run_dir),
                         cluster="slurm", job=job)
@@ -477,6 +477,16 @@ def wait_for(result: SubmitResult) -> list[Any]:
                                      f"{' (exit ' + final.exit_code + ')' if final.exit_code else ''} although "
                                      f"rank 0 returned; {hint}")
     return outcomes
+
+
+def stream_rank0(result: SubmitResult, echo: Any, poll_s: float = 0.5) -> None:
+    """Print rank 0's log lines as they come, until the job has finished (``--wait``)."""
+    if isinstance(result.job, list):  # an array: too many streams to interleave; wait_for reports
+        return
+    run = load_run(Path(result.run_dir))
+    for line in follow_logs(run, 0, follow=True, poll_s=poll_s, is_done=result.job.done, prefix=False):
+        if not line.startswith("submitit INFO"):
+            echo(line)
 
 
 def result_json(result: SubmitResult) -> str:
@@ -597,8 +607,16 @@ def _progress(run_dir: Path) -> dict[str, Any]:
                 continue
     if not last:
         return {}
-    keep = ("epoch", "step", "top1", "balanced", "many", "medium", "few", "overall")
-    return {k: last[k] for k in keep if k in last}
+    keep = ("epoch", "global_step", "top1", "balanced", "many", "medium", "few")
+    return {k: round(last[k], 4) if isinstance(last[k], float) else last[k] for k in keep if k in last}
+
+
+def _trainer_state(run_dir: Path) -> str | None:
+    """What the trainer last wrote in status.json (running, completed, preempted, requeued, failed)."""
+    try:
+        return json.loads((run_dir / "status.json").read_text()).get("state")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
 
 
 def run_status(run: Run) -> dict[str, Any]:
@@ -616,6 +634,11 @@ def run_status(run: Run) -> dict[str, Any]:
     progress = _progress(run.run_dir)
     if progress:
         out["progress"] = progress
+    trainer = _trainer_state(run.run_dir)
+    if trainer:
+        out["train_state"] = trainer
+        if trainer == "preempted" and out["state"] not in _ACTIVE_STATES:
+            out["hint"] = f"checkpointed, not requeued: hpc-train submit --resume {run.name}"
     return {k: v for k, v in out.items() if v not in ("", None)}
 
 
@@ -632,7 +655,7 @@ def log_files(run: Run, rank: int | None = None) -> list[tuple[str, Path]]:
         ranks = sorted(int(m.group(1)) for p in pattern.parent.glob("*")
                        if (m := re.fullmatch(re.escape(pattern.name).replace(r"\{rank\}", r"(\d+)"), p.name)))
     for r in ranks:
-        for key in ("rank_out", "rank_err"):
+        for key in ("rank_err", "rank_out"):  # progress (stderr) before the final table (stdout)
             if logs.get(key):
                 path = Path(logs[key].format(rank=r))
                 if rank is None and r == 0 and logs.get("batch") and path == Path(logs["batch"]):
@@ -642,7 +665,7 @@ def log_files(run: Run, rank: int | None = None) -> list[tuple[str, Path]]:
 
 
 def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0,
-                is_done: Any = None) -> Iterator[str]:
+                is_done: Any = None, prefix: bool = True) -> Iterator[str]:
     """Lines of the run's logs, each prefixed with its source; with ``follow``, keep reading until
     the job has ended and no new lines arrive."""
     files = log_files(run, rank)
@@ -658,7 +681,7 @@ def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0
                 offsets[path] = handle.tell()
             for line in chunk.splitlines():
                 new = True
-                yield f"[{label}] {line}"
+                yield f"[{label}] {line}" if prefix else line
         if not follow:
             return
         if not new and is_done is not None and is_done():

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
 import submitit
 from submitit.core.utils import JobPaths
+from submitit.slurm.slurm import SlurmJob
 
 from .config import JobSpec
 from .errors import TemplateError
@@ -61,6 +63,32 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         self._array_specs = tuple(array_specs)
         # Only what submitit itself reads back (signal lead time for its own bookkeeping).
         self.update_parameters(signal_delay_s=spec.slurm.signal_delay_s, time=spec.slurm.time_min)
+
+    def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[Any]:
+        """Arrays (``executor.batch()``): submitit's own array path submits through a fresh *plain*
+        SlurmExecutor, which would bypass our template; this is that path with ourselves as the submitter."""
+        if len(delayed_submissions) == 1:
+            return super()._internal_process_submissions(delayed_submissions)
+        folder = JobPaths.get_first_id_independent_folder(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        pickle_paths = []
+        for delayed in delayed_submissions:
+            pickle_path = folder / f"{uuid.uuid4().hex}.pkl"
+            delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+            delayed.dump(pickle_path)
+            pickle_paths.append(pickle_path)
+        self.parameters["map_count"] = len(delayed_submissions)
+        try:
+            self._throttle()
+            first_job = self._submit_command(self._submitit_command_str)
+        finally:
+            del self.parameters["map_count"]
+        tasks = list(range(first_job.num_tasks))
+        jobs = [SlurmJob(folder=self.folder, job_id=f"{first_job.job_id}_{index}", tasks=tasks)
+                for index in range(len(delayed_submissions))]
+        for job, pickle_path in zip(jobs, pickle_paths):
+            job.paths.move_temporary_file(pickle_path, "submitted_pickle")
+        return jobs
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         params: dict[str, Any] = self.parameters

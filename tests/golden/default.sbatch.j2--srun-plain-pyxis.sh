@@ -61,7 +61,7 @@ RUN_DIR=/shared/project/runs/cifar100-lt/"$RUN_ID"
 mkdir -p "$RUN_DIR/logs"
 export HPC_TRAIN_RUN_DIR="$RUN_DIR"
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_63423E35B403'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_D571498B95DD'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -122,7 +122,7 @@ train:
   eval_every_epochs: 1
   checkpoint_every_epochs: 1
   keep_checkpoints: 2
-  log_every_steps: 50
+  log_every_steps: 20
   preempt_check_every_steps: 10
   process_group_timeout_s: 600
   data:
@@ -179,7 +179,7 @@ train:
     crt_lr: 0.2
     crt_sampler: class_balanced
     tau_norm: false
-HPC_TRAIN_JOB_63423E35B403
+HPC_TRAIN_JOB_D571498B95DD
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then
@@ -199,13 +199,15 @@ if [ -z "$MASTER_ADDR" ]; then
     exit 2
 fi
 export MASTER_ADDR
-# A port derived from the job id (never a constant: jobs share nodes), moved on while it is taken.
+# A port derived from the job id (never a constant: jobs share nodes), moved on while something listens
+# on it. SO_REUSEADDR as torch's TCPStore sets it: connections left in TIME_WAIT by an earlier run (a
+# requeue keeps the job id) do not make a port busy.
 port_base=20000
 port_span=20000
 port_offset=$(( (${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} + ${SLURM_ARRAY_TASK_ID:-0}) % port_span ))
 for _ in $(seq 1 100); do
     MASTER_PORT=$(( port_base + port_offset ))
-    if "$PYTHON" -c 'import socket, sys; socket.socket().bind(("", int(sys.argv[1])))' "$MASTER_PORT" 2>/dev/null; then
+    if "$PYTHON" -c 'import socket as s, sys; p = s.socket(); p.setsockopt(s.SOL_SOCKET, s.SO_REUSEADDR, 1); p.bind(("", int(sys.argv[1])))' "$MASTER_PORT" 2>/dev/null; then
         break
     fi
     port_offset=$(( (port_offset + 1) % port_span ))
@@ -228,4 +230,10 @@ srun --kill-on-bad-exit=1 --wait=60 \
 status=$?
 set -e
 echo "hpc-train: srun exited with status $status"
+# srun reports how the ranks ended, not why: a run that checkpointed on the signal but may not requeue
+# (max_requeues reached) exits 75, the trainer's "continue me" code, whatever the killed ranks returned.
+if [ "$status" -ne 0 ] && "$PYTHON" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("state") != "preempted")' "$RUN_DIR/status.json" 2>/dev/null; then
+    echo "hpc-train: checkpointed but not requeued; continue with: hpc-train submit --resume $RUN_DIR"
+    status=75
+fi
 exit "$status"
