@@ -58,6 +58,14 @@ class RankContext:
         return self.rank == 0
 
 
+def barrier(device: torch.device) -> None:
+    """A barrier on this rank's device (NCCL otherwise guesses the device and warns)."""
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
 def init_model(cfg: TrainConfig, data: DataSource) -> LongTailNet:
     """The model at step 0: seeded, so every rank (and a test) builds the same initial weights."""
     torch.manual_seed(derive_seed("model", cfg.seed))
@@ -337,7 +345,7 @@ class Trainer:
             ckpt.save_atomic(state, path)
             ckpt.prune(self.run_dir, self.cfg.keep_checkpoints)
         if self.ctx.distributed:
-            dist.barrier()
+            barrier(self.device)
         self._saved_at_step = self.global_step
         return path
 

@@ -69,7 +69,7 @@ def select_device(spec: JobSpec, env: DistEnv):
     if not wants_cuda(spec):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        why = (f"train.device=cuda" if spec.train.device == "cuda"
+        why = ("train.device=cuda" if spec.train.device == "cuda"
                else f"the job asks for GPUs (slurm.gpus_per_node={spec.slurm.gpus_per_node})")
         raise ConfigError(
             f"{why} but CUDA is not available on {env.hostname} (torch {torch.__version__}, "
@@ -182,7 +182,7 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
     import torch
 
     from . import datasets
-    from .engine import RankContext, Trainer, init_model, steps_per_epoch
+    from .engine import RankContext, Trainer, barrier, init_model, steps_per_epoch
     from .losses import build_loss
 
     t = spec.train
@@ -212,8 +212,6 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
                            timeout_s=t.process_group_timeout_s)
     clean_exit = False
     try:
-        import torch.distributed as dist
-
         chosen = choose_run_dir(spec, run_dir)
         path = Path(_broadcast_from_rank0(str(chosen)) if distributed else chosen)
         (path / "ranks").mkdir(parents=True, exist_ok=True)
@@ -237,12 +235,12 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
                 copied = datasets.stage_list_files(t.data, image_root)
                 log.info("staged %d image files to %s", copied, image_root)
             if distributed:
-                dist.barrier()
+                barrier(device)
         if t.data.download and env.local_rank != 0 and distributed:
-            dist.barrier()  # local rank 0 downloads first
+            barrier(device)  # local rank 0 downloads first
         data = datasets.load(t.data, image_root=image_root, download_ok=env.local_rank == 0)
         if t.data.download and env.local_rank == 0 and distributed:
-            dist.barrier()
+            barrier(device)
         if env.rank == 0:
             (path / "class_counts.json").write_text(json.dumps(
                 {"dataset": data.name, "train_counts": [int(c) for c in data.train_counts],

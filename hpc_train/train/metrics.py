@@ -13,7 +13,6 @@ accuracy is the mean of its classes' accuracies. All accuracies are fractions in
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -126,7 +125,3 @@ def plot_per_class(path: Path, per_class: Sequence[float | None], train_counts: 
     fig.savefig(path)
     plt.close(fig)
     return True
-
-
-def finite(value: float) -> bool:
-    return value is not None and math.isfinite(value)

@@ -155,12 +155,14 @@ class Feed:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y.to(self.device, non_blocking=True)
 
-    def _loader(self, key: tuple, dataset, batch_sampler) -> torch.utils.data.DataLoader:
+    def _loader(self, key: tuple, dataset, batch_sampler, *, persistent: bool) -> torch.utils.data.DataLoader:
+        # Training workers persist across epochs (no re-spawn, warm page cache); evaluation workers are
+        # started per evaluation, so a rank does not hold three idle worker pools.
         if key not in self._loaders:
             workers = self.num_workers
             self._loaders[key] = torch.utils.data.DataLoader(
                 dataset, batch_sampler=batch_sampler, num_workers=workers,
-                pin_memory=self.device.type == "cuda", persistent_workers=workers > 0,
+                pin_memory=self.device.type == "cuda", persistent_workers=persistent and workers > 0,
                 prefetch_factor=4 if workers > 0 else None,
                 generator=torch.Generator().manual_seed(derive_seed("loader", self.seed, self.rank)),
             )
@@ -179,7 +181,7 @@ class Feed:
         if key not in self._loaders:
             batches = _ShardBatches(sampler, self.rank, self.world_size, batch_per_rank)
             dataset = FileImages(self.data.train, _transforms(self.data.image_size, self.data.mean, self.data.std, True))
-            self._loader(key, dataset, batches)
+            self._loader(key, dataset, batches, persistent=True)
         loader = self._loaders[key]
         loader.batch_sampler.epoch, loader.batch_sampler.start_step = epoch, start_step
         for x, y in loader:
@@ -197,6 +199,6 @@ class Feed:
         key = (which, batch)
         if key not in self._loaders:
             dataset = FileImages(split, _transforms(self.data.image_size, self.data.mean, self.data.std, False))
-            self._loader(key, dataset, _IndexBatches(shard, batch))
+            self._loader(key, dataset, _IndexBatches(shard, batch), persistent=False)
         for x, y in self._loaders[key]:
             yield self._to_device(x, y)

@@ -227,3 +227,37 @@ def test_preempted_train_job_requeues_and_does_not_return(tmp_path, restart_coun
         assert not log.exists()
         assert status["state"] == "preempted" and "max_requeues" in proc.stderr
         assert "hpc-train submit --resume" in proc.stdout + proc.stderr
+
+
+def test_world_size_mismatch_fails_fast_instead_of_hanging(tmp_path, monkeypatch, capsys, restore_signals):
+    job = write_job(tmp_path / "job.yaml", DIGITS_QUICK, tasks=1)
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(key, value)
+    assert main([str(job), "--run-dir", str(tmp_path / "run")]) == 2  # rank 1 never comes: no rendezvous
+    err = capsys.readouterr().err
+    assert "expects 1 ranks but the launcher started 2" in err
+    _one_or_two_lines_no_traceback(err)
+
+
+def test_submitit_local_executor_runs_the_callable_on_two_ranks(tmp_path, monkeypatch):
+    import submitit
+
+    from hpc_train.train.callable import TrainJob
+
+    from .helpers import free_port
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    spec = make_spec(deep_update(DIGITS_QUICK, epochs=1), tasks=2)
+    executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="local")
+    executor.update_parameters(nodes=1, tasks_per_node=2, timeout_min=10)
+    job = executor.submit(TrainJob(dump_yaml(spec), str(tmp_path / "run")))
+    result = job.results()[0]  # rank 0's summary
+    assert result["world_size"] == 2
+    assert result["global_step"] == steps_per_epoch(sum(digits_lt_counts(20)), 2, 32)
+    ranks = [json.loads((tmp_path / "run" / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [(x["rank"], x["local_rank"], x["source"]) for x in ranks] == [(0, 0, "submitit-local"),
+                                                                          (1, 1, "submitit-local")]

@@ -59,9 +59,13 @@ def _wait_for_line(path: Path, pattern: str, procs, timeout_s: float = 180) -> N
 
 def test_usr2_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path):
     job = write_job(tmp_path / "job.yaml", TRAIN, tasks=WORLD)
-    straight_dir, preempted_dir = tmp_path / "straight", tmp_path / "preempted"
-    straight = launch_ranks([str(job), "--run-dir", str(straight_dir)], WORLD, tmp_path,
-                            log_prefix=str(tmp_path / "straight"))
+    preempted_dir = tmp_path / "preempted"
+    # The uninterrupted run goes through the real torchrun, without --run-dir: rank 0 picks
+    # <runs_dir>/<name>/local-<time> and every rank must agree on it.
+    with open(tmp_path / "straight.out", "w") as out:
+        straight = [subprocess.Popen([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                      str(WORLD), "-m", "hpc_train.train", str(job)], cwd=REPO,
+                                     env=clean_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)]
     first = launch_ranks([str(job), "--run-dir", str(preempted_dir)], WORLD, tmp_path,
                          log_prefix=str(tmp_path / "first"))
     spe = steps_per_epoch(sum(digits_lt_counts(20)), WORLD, BATCH)
@@ -80,7 +84,11 @@ def test_usr2_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path):
     second = launch_ranks([str(job), "--run-dir", str(preempted_dir)], WORLD, tmp_path,
                           log_prefix=str(tmp_path / "second"))
     assert wait_all(second) == [0, 0], (tmp_path / "second-0.err").read_text()[-3000:]
-    assert wait_all(straight) == [0, 0], (tmp_path / "straight-0.err").read_text()[-3000:]
+    assert wait_all(straight) == [0], (tmp_path / "straight.out").read_text()[-3000:]
+    (straight_dir,) = (tmp_path / "runs" / "t").iterdir()
+    assert straight_dir.name.startswith("local-")
+    ranks = [json.loads((straight_dir / "ranks" / f"rank-{r}.json").read_text()) for r in range(WORLD)]
+    assert [(x["rank"], x["world_size"], x["source"]) for x in ranks] == [(r, WORLD, "torchrun") for r in range(WORLD)]
     assert f"step {stopped['step_in_epoch']} of the epoch" in (tmp_path / "second-0.err").read_text()
 
     expected_steps = EPOCHS * spe  # computed from data size, batch and epochs, not read from the run

@@ -1,0 +1,44 @@
+"""Model shapes and sizes against independent references."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hpc_train.config import ModelConfig  # noqa: E402
+from hpc_train.train.models import build_model, unwrap  # noqa: E402
+
+
+def _params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_resnet32_is_ldam_drws_network():
+    model = build_model(ModelConfig(name="resnet32"), num_classes=10, in_channels=3)
+    assert _params(model) == 464_154  # the notes' re-implementation of LDAM-DRW's resnet32 (§1.4)
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    # Option-A shortcuts have no parameters: only convolutions, BatchNorms and the head.
+    kinds = {type(m).__name__ for m in model.modules() if any(True for _ in m.parameters(recurse=False))}
+    assert kinds == {"Conv2d", "BatchNorm2d", "Linear"}
+
+
+def test_cosine_classifier_is_bounded():
+    model = build_model(ModelConfig(name="resnet32", classifier="cosine"), num_classes=100, in_channels=3)
+    out = model(torch.randn(4, 3, 32, 32) * 5)
+    assert out.shape == (4, 100) and out.abs().max() <= 1.0 + 1e-5
+
+
+def test_torchvision_resnext_matches_torchvision():
+    from torchvision import models as tv
+
+    ours = build_model(ModelConfig(name="resnext50_32x4d"), num_classes=1000, in_channels=3)
+    assert _params(ours) == _params(tv.resnext50_32x4d(weights=None))
+    small = build_model(ModelConfig(name="resnet18"), num_classes=7, in_channels=1)
+    assert small(torch.zeros(2, 1, 64, 64)).shape == (2, 7)
+
+
+def test_small_cnn_and_unwrap():
+    model = build_model(ModelConfig(name="small_cnn"), num_classes=10, in_channels=1)
+    assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+    assert unwrap(torch.nn.DataParallel(model)) is model
