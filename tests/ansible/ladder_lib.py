@@ -71,4 +71,5 @@ def host_facts(records: list[dict], host: str) -> dict:
 
 
 def first_failure(records: list[dict], host: str) -> dict | None:
-    return next((r for r in records if r["host"] == host and r["status"] in ("failed", "unreachable")), None)
+    """The failure that stopped the host: the last failed result (earlier ones may have been rescued)."""
+    return next((r for r in reversed(records) if r["host"] == host and r["status"] in ("failed", "unreachable")), None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from ansible.plugins.callback import CallbackBase
 
@@ -43,17 +44,19 @@ class CallbackModule(CallbackBase):
         host = getattr(result, "host", None) or result._host
         task = getattr(result, "task", None) or result._task
         role = task._role.get_name() if getattr(task, "_role", None) else ""
+        module_args = (payload.get("invocation") or {}).get("module_args") or {}
         diffs = payload.get("diff", [])
         if isinstance(diffs, dict):
             diffs = [diffs]
         record = {
             "host": host.get_name(),
+            "time": time.time(),
             "task": task.get_name(),
             "role": role,
             "status": status,
             "changed": bool(payload.get("changed", False)),
             "msg": payload.get("msg", ""),
-            "dest": payload.get("dest") or payload.get("path") or "",
+            "dest": payload.get("dest") or payload.get("path") or module_args.get("dest") or module_args.get("path") or "",
             "diff": diffs,
             "facts": payload.get("ansible_facts", {}),
             "results": [

@@ -55,6 +55,8 @@ def spec_text(spec: Spec) -> str:
         *( [f"Epoch: {spec.epoch}"] if spec.epoch is not None else []),
         "Summary: hpc-train test stand-in",
         "License: MIT",
+        # No automatic /bin/sh or library requirements: the image root has no base system.
+        "AutoReqProv: no",
         *( ["BuildArch: noarch"] if spec.arch == "noarch" else []),
         "%global debug_package %{nil}",
         "%global __os_install_post %{nil}",
@@ -63,7 +65,7 @@ def spec_text(spec: Spec) -> str:
     ]
     install = ["%install"]
     for package in spec.packages:
-        lines += [f"%package -n {package.name}", "Summary: hpc-train test stand-in"]
+        lines += [f"%package -n {package.name}", "Summary: hpc-train test stand-in", "AutoReqProv: no"]
         lines += [f"Requires: {r}" for r in package.requires]
         lines += [f"Provides: {p}" for p in package.provides]
         lines += [f"Conflicts: {c}" for c in package.conflicts]
@@ -168,7 +170,8 @@ def main(out_dir: Path) -> dict:
             ]),
             Spec("fake-dnf-plugins", "4.3.0", "13.el9", None, "noarch", [
                 SubPackage("python3-dnf-plugin-versionlock",
-                           files={"/etc/dnf/plugins/versionlock.conf": "[main]\nenabled = 1\nlocklist = /etc/dnf/plugins/versionlock.list\n"}),
+                           files={"/etc/dnf/plugins/versionlock.conf": "[main]\nenabled = 1\nlocklist = /etc/dnf/plugins/versionlock.list\n",
+                                  "/etc/dnf/plugins/versionlock.list": "# stand-in: the real package ships it empty\n"}),
             ]),
             Spec("fake-rdma-core", "48.0", "1.el9", None, "x86_64", [SubPackage("rdma-core", files={"/etc/rdma/rdma.conf": "# stand-in\n"})]),
         ],

@@ -1,0 +1,459 @@
+"""The Ansible test ladder (run by run.sh): every rung runs the real ansible-playbook / ansible-lint / dnf.
+
+Rungs, each printed with its wall time:
+  static[<core>]    --syntax-check of every playbook and ansible-lint --profile production, per ansible-core
+  unit              pytest: role templates against golden files, role rules, hpc_train.provision
+  check[<core>]     gpu_nodes.yml --check --diff over EL7/EL8/EL9/Alma9 fixtures and the negative fixtures,
+                    per ansible-core; decisions, file diffs and exact failure messages from fixtures/check_expectations.yml
+  converge          image_build.yml with dnf into an EL9 image root from fake repositories (ansible-core 2.16):
+                    converge, idempotence, verify, then negative cases
+  pytorch_env       the pytorch_env role for real, from a directory of stand-in wheels
+
+Every check prints PASS or FAIL; the last line is "N passed, N failed". Usage:
+    python ladder.py --core-216 VENV --core-current VENV [--only RUNG ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import ladder_lib  # noqa: E402
+from fake_repos import build as fake_repos  # noqa: E402
+import fake_wheels  # noqa: E402
+
+REPO = HERE.parent.parent
+ANSIBLE = REPO / "ansible"
+EXAMPLE = ANSIBLE / "inventories" / "example"
+CACHE = HERE / ".cache"
+WORK = CACHE / "work"
+PLAYBOOKS = ["site.yml", "gpu_nodes.yml", "validate.yml", "image_build.yml"]
+IMAGE_KERNEL = fake_repos.KERNEL + ".x86_64"
+MISSING_KERNEL = "5.14.0-362.8.1.el9_3.x86_64"  # a kernel the fake mirror does not carry
+
+
+class Ladder:
+    def __init__(self) -> None:
+        self.passed = 0
+        self.failed: list[str] = []
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        if ok:
+            self.passed += 1
+            print(f"PASS  {name}", flush=True)
+        else:
+            self.failed.append(name)
+            print(f"FAIL  {name}" + (f"\n      {detail.strip()}".replace("\n", "\n      ") if detail else ""), flush=True)
+        return ok
+
+    @contextmanager
+    def rung(self, name: str):
+        start = time.monotonic()
+        print(f"--- {name}", flush=True)
+        try:
+            yield
+        except Exception as exc:  # a broken rung is a failure of that rung, not the end of the ladder
+            self.check(f"{name}: ran to the end", False, f"{type(exc).__name__}: {exc}")
+        print(f"--- {name}: {time.monotonic() - start:.1f} s", flush=True)
+
+
+def core_version(venv: Path) -> str:
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import ansible.release as r; print(r.__version__)"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def ansible_env(venv: Path, record: Path | None = None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "PATH": f"{venv / 'bin'}:{env.get('PATH', '')}",
+        "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+        "ANSIBLE_LIBRARY": str(HERE / "library"),
+        "ANSIBLE_CALLBACK_PLUGINS": str(HERE / "callback_plugins"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCAL_TEMP": str(CACHE / "ansible-tmp"),
+        "ANSIBLE_DEPRECATION_WARNINGS": "false",
+        # Facts come from the fixtures only (inject_facts.yml); a real gathering would put Debian's back.
+        "ANSIBLE_GATHERING": "explicit",
+        "PIP_CONFIG_FILE": os.devnull,  # pip in the tested venv sees only the wheels the test provides
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    })
+    if record is not None:
+        record.unlink(missing_ok=True)
+        env["ANSIBLE_CALLBACKS_ENABLED"] = "record_results"
+        env["HPC_TRAIN_RECORD"] = str(record)
+    env.update(extra)
+    return env
+
+
+def run(argv: list[str], env: dict[str, str], log: Path, cwd: Path = HERE) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"$ {' '.join(argv)}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}\n")
+    return result
+
+
+def tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+# ------------------------------------------------------------------------------------------------ static
+
+
+def static(ladder: Ladder, venv: Path, label: str) -> None:
+    env = ansible_env(venv)
+    for playbook in PLAYBOOKS:
+        result = run([str(venv / "bin" / "ansible-playbook"), "-i", str(EXAMPLE), "--syntax-check", playbook], env,
+                     WORK / "logs" / f"syntax-{label}-{playbook}.log", cwd=ANSIBLE)
+        ladder.check(f"static[{label}]/syntax-check {playbook}", result.returncode == 0, tail(result.stdout + result.stderr))
+    result = run([str(venv / "bin" / "ansible-lint", ), "--offline", "--profile", "production", "--nocolor"], env,
+                 WORK / "logs" / f"lint-{label}.log", cwd=ANSIBLE)
+    summary = (result.stdout + result.stderr).strip().splitlines()
+    ladder.check(f"static[{label}]/ansible-lint production", result.returncode == 0 and any("Passed" in s for s in summary),
+                 tail(result.stdout + result.stderr, 30))
+
+
+# ------------------------------------------------------------------------------------------------ unit
+
+
+def unit(ladder: Ladder, venv: Path) -> None:
+    junit = WORK / "unit-junit.xml"
+    junit.unlink(missing_ok=True)
+    result = run([str(venv / "bin" / "python"), "-m", "pytest", "-c", str(HERE / "pytest.ini"), "-q", f"--junitxml={junit}",
+                  "test_templates.py", "test_role_rules.py", "test_provision.py"], ansible_env(venv), WORK / "logs" / "unit.log")
+    if not junit.exists():
+        ladder.check("unit/pytest ran", False, tail(result.stdout + result.stderr))
+        return
+    cases = ET.parse(junit).getroot().iter("testcase")
+    count = 0
+    for case in cases:
+        count += 1
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        skipped = case.find("skipped") is not None
+        name = f"unit/{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
+        ladder.check(name, problem is None and not skipped,
+                     (problem.get("message", "") if problem is not None else "skipped: a skip is a failure here"))
+    ladder.check("unit/pytest found tests and exited 0", count > 0 and result.returncode == 0, tail(result.stdout))
+
+
+# ------------------------------------------------------------------------------------------------ check mode
+
+
+def check_mode(ladder: Ladder, venv: Path, label: str) -> None:
+    version = core_version(venv)
+    newer = tuple(int(x) for x in version.split(".")[:2]) >= (2, 17)
+    check_root = WORK / f"check-{label}"
+    shutil.rmtree(check_root, ignore_errors=True)
+    fixtures = {p.stem: json.loads(p.read_text()) for p in sorted((HERE / "fixtures" / "facts").glob("*.json"))}
+    for host, fixture in fixtures.items():
+        ladder_lib.build_fixture_machine(fixture, check_root / host)
+    record = WORK / f"check-{label}.jsonl"
+    result = run([str(venv / "bin" / "ansible-playbook"), "-i", str(EXAMPLE), "-i", str(HERE / "inventories" / "check" / "hosts.yml"),
+                  "--limit", "fixtures", "-e", f"check_root={check_root}", "-e", f"fixtures_dir={HERE / 'fixtures'}",
+                  # All fixture hosts in one batch: the rollout batching is Ansible's own serial, not under test.
+                  "-e", '{"gpu_nodes_rollout_batches": ["100%"]}',
+                  "--check", "--diff", "--skip-tags", "packages", "check_mode.yml"],
+                 ansible_env(venv, record), WORK / "logs" / f"check-{label}.log")
+    records = ladder_lib.read_records(record)
+    ladder.check(f"check[{label}]/ansible-playbook ran every fixture host", {r["host"] for r in records} == set(fixtures),
+                 tail(result.stdout + result.stderr))
+    expectations = yaml.safe_load((HERE / "fixtures" / "check_expectations.yml").read_text())
+    assert set(expectations) == set(fixtures), "every fixture needs expectations"
+    for host, expect in expectations.items():
+        if newer and "newer_core" in expect:
+            expect = expect["newer_core"]
+        name = f"check[{label}]/{host}"
+        failure = ladder_lib.first_failure(records, host)
+        if "failure" in expect:
+            wanted = expect["failure"].format(core=version)
+            got = (failure or {}).get("msg", "")
+            ladder.check(f"{name}: refused with the exact message", failure is not None and got.strip() == wanted.strip(),
+                         f"wanted: {wanted}\ngot:    {got or 'no failure'}")
+            continue
+        ladder.check(f"{name}: no task failed", failure is None, json.dumps(failure)[:800] if failure else "")
+        facts = ladder_lib.host_facts(records, host)
+        for key, value in expect.get("facts", {}).items():
+            # ansible-core 2.16 templates numbers to strings, 2.19 keeps them native: compare numbers as text.
+            got = facts.get(key, "<unset>")
+            same = str(got) == str(value) if isinstance(value, int) and not isinstance(value, bool) else got == value
+            ladder.check(f"{name}: decision {key}", same, f"wanted {value!r}, got {got!r}")
+        sysroot = str(check_root / host / "root")
+        afters = ladder_lib.file_afters(records, host, sysroot)
+        for path, lines in expect.get("files", {}).items():
+            text = afters.get(path)
+            missing = [line for line in lines if text is None or line not in [t.strip() for t in text.splitlines()]]
+            ladder.check(f"{name}: diff of {path}", text is not None and not missing,
+                         f"no diff for {path}" if text is None else f"missing lines {missing} in:\n{text}")
+        for path in expect.get("absent", []):
+            ladder.check(f"{name}: does not write {path}", path not in afters)
+        written = [path for path in afters if path.startswith("/")]
+        ladder.check(f"{name}: check mode left the root untouched", not any((check_root / host / "root" / p.lstrip("/")).exists() for p in written),
+                     "files were written in check mode")
+
+
+# ------------------------------------------------------------------------------------------------ converge
+
+
+def make_image_root(name: str, repos: Path) -> dict[str, Path]:
+    """An empty image root with the site's BaseOS mirror configured, and the build host's dnf.conf for it.
+
+    The build host's versionlock plugin is off (as during a real build: the image's lock list is not the
+    build host's); verify_lock uses a second plugin config that reads the image's list, like dnf inside the image.
+    """
+    base = WORK / name
+    shutil.rmtree(base, ignore_errors=True)
+    root = base / "root"
+    (root / "etc" / "yum.repos.d").mkdir(parents=True)
+    (root / "etc" / "yum.repos.d" / "site-baseos.repo").write_text(
+        f"[site-baseos]\nname=Site BaseOS mirror (fake)\nbaseurl=file://{repos}/baseos/\nenabled=1\ngpgcheck=0\n")
+    paths = {"root": root, "conf": base / "dnf.conf", "plugins_off": base / "plugins-off", "plugins_image": base / "plugins-image"}
+    paths["conf"].write_text(
+        "[main]\ngpgcheck=0\ninstallonly_limit=3\nkeepcache=0\n"
+        f"reposdir={root}/etc/yum.repos.d\nmodule_platform_id=platform:el9\npluginconfpath={paths['plugins_off']}\n")
+    for key, enabled in (("plugins_off", 0), ("plugins_image", 1)):
+        paths[key].mkdir()
+        (paths[key] / "versionlock.conf").write_text(
+            f"[main]\nenabled = {enabled}\nlocklist = {root}/etc/dnf/plugins/versionlock.list\n")
+    return paths
+
+
+def converge_run(venv: Path, image: dict[str, Path], repos: Path, label: str, *extra: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    record = WORK / f"converge-{label}.jsonl"
+    result = run([str(venv / "bin" / "ansible-playbook"), "-i", str(EXAMPLE), "-i", str(HERE / "inventories" / "converge" / "hosts.yml"),
+                  "--limit", "el9-image", "-e", f"fixtures_dir={HERE / 'fixtures'}", "-e", f"fake_repos={repos}",
+                  "-e", "image_build_hosts=el9-image", "-e", f"image_build_sysroot={image['root']}",
+                  "-e", f"image_build_kernel_version={IMAGE_KERNEL}", "-e", f"image_build_dnf_conf_file={image['conf']}",
+                  "-e", "image_build_releasever=9", *extra, "converge.yml"],
+                 ansible_env(venv, record), WORK / "logs" / f"converge-{label}.log")
+    return result, ladder_lib.read_records(record)
+
+
+def rpm_packages(root: Path) -> set[str]:
+    out = subprocess.run(["rpm", "--root", str(root), "-qa", "--queryformat", "%{NAME}-%{VERSION}-%{RELEASE}\\n"],
+                         capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def module_stream(root: Path) -> str:
+    path = root / "etc" / "dnf" / "modules.d" / "nvidia-driver.module"
+    text = path.read_text() if path.exists() else ""
+    match = re.search(r"^stream=(\S*)$", text, re.M)
+    return match.group(1) if match and "state=enabled" in text else ""
+
+
+def lock_block(root: Path) -> list[str]:
+    path = root / "etc" / "dnf" / "plugins" / "versionlock.list"
+    text = path.read_text() if path.exists() else ""
+    match = re.search(r"# BEGIN hpc-train nvidia_driver locks\n(.*?)# END hpc-train nvidia_driver locks", text, re.S)
+    return match.group(1).split() if match else []
+
+
+def dnf_upgrade_plan(image: dict[str, Path], plugins: Path) -> str:
+    """What `dnf upgrade` inside the image would do (answers no)."""
+    result = subprocess.run(["dnf", "--assumeno", "--config", str(image["conf"]), f"--setopt=pluginconfpath={plugins}",
+                             "--installroot", str(image["root"]), "--releasever", "9", "upgrade"], capture_output=True, text=True)
+    return result.stdout + result.stderr
+
+
+def counts(records: list[dict]) -> tuple[int, int]:
+    return sum(r["changed"] for r in records), sum(r["status"] == "failed" for r in records)
+
+
+def converge(ladder: Ladder, venv: Path) -> None:
+    repos = WORK / "repos"
+    summary = fake_repos.main(repos)
+    ladder.check("converge/fake EL9 repositories built (rpmbuild, createrepo_c, modifyrepo_c)",
+                 (repos / "cuda" / "repodata" / "repomd.xml").read_text().count('type="modules"') == 1,
+                 json.dumps(summary)[:500])
+    image = make_image_root("image", repos)
+    root = image["root"]
+    old, new = fake_repos.DRIVER_VERSIONS
+    driver = f"{old}-1.el9"
+
+    result, records = converge_run(venv, image, repos, "1-converge")
+    changed, failed = counts(records)
+    if not ladder.check("converge/first run succeeds and changes the image", result.returncode == 0 and failed == 0 and changed > 10,
+                        f"rc={result.returncode} changed={changed}\n{tail(result.stdout, 25)}"):
+        return
+    result, records = converge_run(venv, image, repos, "2-idempotence")
+    changed, failed = counts(records)
+    ladder.check("converge/second run changes nothing", result.returncode == 0 and changed == 0,
+                 "changed: " + ", ".join(r["task"] for r in records if r["changed"]))
+
+    # verify: what the image must contain, by intent
+    packages = rpm_packages(root)
+    wanted = {f"nvidia-driver-cuda-{driver}", f"kmod-nvidia-open-dkms-{driver}", f"nvidia-persistenced-{driver}",
+              f"nvidia-fabric-manager-{driver}", f"kernel-devel-{fake_repos.KERNEL}", f"kernel-headers-{fake_repos.KERNEL}",
+              f"dkms-{fake_repos.DKMS_VERSION}-1.el9", "cuda-toolkit-12-8-12.8.1-1",
+              f"libnccl-{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}", "python3-dnf-plugin-versionlock-4.3.0-13.el9",
+              "rdma-core-48.0-1.el9"}
+    ladder.check("verify/the pinned driver, its kernel headers, dkms, CUDA, NCCL, fabric manager and rdma-core are installed",
+                 wanted <= packages, f"missing: {sorted(wanted - packages)}")
+    ladder.check("verify/no package of the other flavour or the newer release",
+                 not any(p.startswith("kmod-nvidia-latest-dkms") or new in p for p in packages), sorted(packages))
+    ladder.check("verify/module stream nvidia-driver:570-open is enabled", module_stream(root) == "570-open", module_stream(root))
+    lock = lock_block(root)
+    ladder.check("verify/versionlock holds the driver packages and the kernel",
+                 {f"nvidia-driver-cuda-3:{driver}.*", f"kmod-nvidia-open-dkms-3:{driver}.*", f"nvidia-fabric-manager-3:{driver}.*",
+                  f"kernel-devel-0:{fake_repos.KERNEL}.*", f"kernel-0:{fake_repos.KERNEL}.*"} <= set(lock), lock)
+    unlocked = dnf_upgrade_plan(image, image["plugins_off"])
+    locked = dnf_upgrade_plan(image, image["plugins_image"])
+    ladder.check("verify/without the lock, dnf upgrade would move the driver to the newer release", f"3:{new}-1.el9" in unlocked, tail(unlocked))
+    ladder.check("verify/with the image's lock, dnf upgrade has nothing to do", "Nothing to do." in locked and new not in locked, tail(locked))
+    files = {
+        "etc/slurm/gres.conf": "Name=gpu Type=h100 File=/dev/nvidia[0-3] Cores=0-47",
+        "etc/slurm/cgroup.conf": "ConstrainDevices=yes",
+        "etc/modprobe.d/blacklist-nouveau.conf": "blacklist nouveau",
+        "etc/modules-load.d/nvidia-peermem.conf": "nvidia-peermem",
+        "etc/profile.d/cuda.sh": "CUDA_HOME=/usr/local/cuda-12.8",
+        "etc/yum.repos.d/hpc-train-gpu.repo": f"baseurl=file://{repos}/cuda/",
+        "etc/firewalld/zones/hpc-train-fabric.xml": '<source address="10.10.0.0/16"/>',
+    }
+    for path, line in files.items():
+        text = (root / path).read_text() if (root / path).exists() else ""
+        ladder.check(f"verify/{path}", line in text.splitlines() or line in text, text or "missing")
+    links = {"usr/local/cuda": "/usr/local/cuda-12.8",
+             "etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service": "/usr/lib/systemd/system/nvidia-persistenced.service",
+             "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service": "/usr/lib/systemd/system/nvidia-fabricmanager.service"}
+    for path, target in links.items():
+        link = root / path
+        ladder.check(f"verify/{path} -> {target} (and the target is in the image)",
+                     link.is_symlink() and os.readlink(link) == target and (root / target.lstrip("/")).exists(),
+                     os.readlink(link) if link.is_symlink() else "not a symlink")
+
+    # negative cases
+    before = rpm_packages(root)
+    result, records = converge_run(venv, image, repos, "3-missing-kernel-devel", "-e", f"image_build_kernel_version={MISSING_KERNEL}")
+    failure = ladder_lib.first_failure(records, "el9-image") or {}
+    ladder.check("negative/kernel-devel for the target kernel missing from the mirror: refused with a clear message",
+                 result.returncode != 0 and failure.get("msg", "").startswith(
+                     f"gpu_preflight: kernel-devel-{MISSING_KERNEL} (for the kernel the driver is built for) is not in any "
+                     "enabled repository, so DKMS cannot build the NVIDIA module.")
+                 and f"No package kernel-devel-{MISSING_KERNEL} available" in failure.get("msg", ""), failure.get("msg", ""))
+    ladder.check("negative/missing kernel-devel: nothing changed", rpm_packages(root) == before and counts(records)[0] == 0)
+
+    result, records = converge_run(venv, image, repos, "4-flavour-switch-refused", "-e", "gpu_stack_driver_flavor=proprietary")
+    failure = ladder_lib.first_failure(records, "el9-image") or {}
+    wanted = (f"nvidia_driver: el9-image has driver {old} (open); the inventory asks for {old} (proprietary). A driver change is "
+              "refused unless you pass -e nvidia_driver_allow_change=true: the node is then drained in Slurm and its jobs waited "
+              "for, and it reboots only with -e nvidia_driver_reboot=true.")
+    ladder.check("negative/flavour switch on an installed driver: refused with the exact message", failure.get("msg", "") == wanted,
+                 f"wanted: {wanted}\ngot:    {failure.get('msg', '')}")
+    ladder.check("negative/refused flavour switch: packages, stream and lock untouched",
+                 rpm_packages(root) == before and module_stream(root) == "570-open" and lock_block(root) == lock)
+
+    fresh = make_image_root("image-fresh", repos)
+    result, records = converge_run(venv, fresh, repos, "5-missing-branch", "-e", "gpu_stack_driver_branch=580",
+                                   "-e", "gpu_stack_driver_version=")
+    failure = ladder_lib.first_failure(records, "el9-image") or {}
+    ladder.check("negative/driver branch missing from the mirror: refused with a clear message",
+                 failure.get("msg", "").startswith(
+                     "nvidia_driver: the repositories have no nvidia-driver:580-open module stream, so driver branch 580 (open) "
+                     "cannot be installed.") and "nvidia-driver:580-open" in failure.get("msg", "").split("dnf said:")[-1],
+                 failure.get("msg", ""))
+    ladder.check("negative/missing branch: no driver package installed",
+                 not any(p.startswith(("nvidia-", "kmod-nvidia")) for p in rpm_packages(fresh["root"])))
+
+    result, records = converge_run(venv, image, repos, "6-flavour-switch-allowed", "-e", "gpu_stack_driver_flavor=proprietary",
+                                   "-e", "nvidia_driver_allow_change=true")
+    packages = rpm_packages(root)
+    ladder.check("change/allowed flavour switch succeeds", result.returncode == 0, tail(result.stdout, 25))
+    ladder.check("change/only the proprietary kernel module is installed, at the pinned version",
+                 f"kmod-nvidia-latest-dkms-{driver}" in packages and not any(p.startswith("kmod-nvidia-open-dkms") for p in packages),
+                 sorted(p for p in packages if "nvidia" in p))
+    ladder.check("change/module stream switched to 570-dkms", module_stream(root) == "570-dkms", module_stream(root))
+    new_lock = lock_block(root)
+    ladder.check("change/the lock follows the new kernel module",
+                 f"kmod-nvidia-latest-dkms-3:{driver}.*" in new_lock and not any("open-dkms" in e for e in new_lock), new_lock)
+    result, records = converge_run(venv, image, repos, "7-after-switch", "-e", "gpu_stack_driver_flavor=proprietary",
+                                   "-e", "nvidia_driver_allow_change=true")
+    ladder.check("change/rerun after the switch changes nothing", result.returncode == 0 and counts(records)[0] == 0,
+                 "changed: " + ", ".join(r["task"] for r in records if r["changed"]))
+
+
+# ------------------------------------------------------------------------------------------------ pytorch_env
+
+
+def pytorch_env(ladder: Ladder, venv: Path) -> None:
+    base = WORK / "pytorch-env"
+    shutil.rmtree(base, ignore_errors=True)
+    wheels, wheels_cpu_only = base / "wheels", base / "wheels-without-cu128"
+    fake_wheels.build(wheels)
+    fake_wheels.build(wheels_cpu_only, with_cuda_build=False)
+    torch_venv = base / "venv"
+
+    def play(label: str, wheel_dir: Path, target: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
+        record = WORK / f"pytorch-{label}.jsonl"
+        result = run([str(venv / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", f"fixtures_dir={HERE / 'fixtures'}",
+                      "-e", f"torch_venv={target}", "-e", f"wheel_dir={wheel_dir}", "-e", "ansible_become=false", "pytorch_env.yml"],
+                     ansible_env(venv, record), WORK / "logs" / f"pytorch-{label}.log")
+        return result, ladder_lib.read_records(record)
+
+    result, records = play("1", wheels, torch_venv)
+    ladder.check("pytorch_env/builds the venv", result.returncode == 0, tail(result.stdout, 25))
+    installed = subprocess.run([str(torch_venv / "bin" / "python"), "-c",
+                                "import importlib.metadata as m; print(m.version('torch'), m.version('torchvision'), m.version('hpc-train'))"],
+                               capture_output=True, text=True).stdout.split()
+    ladder.check("pytorch_env/the +cu128 builds were chosen over +cpu and plain ones", installed == ["2.7.1+cu128", "0.22.1+cu128", "0.1.0"],
+                 str(installed))
+    result, records = play("2", wheels, torch_venv)
+    ladder.check("pytorch_env/second run changes nothing", result.returncode == 0 and counts(records)[0] == 0,
+                 "changed: " + ", ".join(r["task"] for r in records if r["changed"]))
+    result, records = play("3", wheels_cpu_only, base / "venv-no-cuda")
+    failure = ladder_lib.first_failure(records, "localhost") or {}
+    ladder.check("pytorch_env/a mirror without the cu128 wheels: refused with a clear message",
+                 failure.get("msg", "").startswith(f"pytorch_env: pip could not install torch==2.7.1+cu128 (and the rest of ")
+                 and "must carry the cu128 wheels" in failure.get("msg", ""), failure.get("msg", ""))
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--core-216", type=Path, required=True, help="venv with ansible-core 2.16 and ansible-lint")
+    parser.add_argument("--core-current", type=Path, required=True, help="venv with the current ansible-core and ansible-lint")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these rungs (static, unit, check, converge, pytorch_env)")
+    args = parser.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    ladder = Ladder()
+    venvs = {f"core-{core_version(args.core_216)}": args.core_216, f"core-{core_version(args.core_current)}": args.core_current}
+    wanted = set(args.only or ["static", "unit", "check", "converge", "pytorch_env"])
+    for label, venv in venvs.items():
+        if "static" in wanted:
+            with ladder.rung(f"static[{label}]"):
+                static(ladder, venv, label)
+    if "unit" in wanted:
+        with ladder.rung("unit"):
+            unit(ladder, args.core_current)
+    for label, venv in venvs.items():
+        if "check" in wanted:
+            with ladder.rung(f"check[{label}]"):
+                check_mode(ladder, venv, label)
+    if "converge" in wanted:
+        with ladder.rung(f"converge[core-{core_version(args.core_216)}]"):
+            converge(ladder, args.core_216)
+    if "pytorch_env" in wanted:
+        with ladder.rung(f"pytorch_env[core-{core_version(args.core_216)}]"):
+            pytorch_env(ladder, args.core_216)
+    if ladder.failed:
+        print("failed: " + "; ".join(ladder.failed))
+    print(f"{ladder.passed} passed, {len(ladder.failed)} failed")
+    return 1 if ladder.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The Ansible test ladder: `make test-ansible`. On a fresh Debian 12 machine (root, PyPI and Debian mirrors only)
+# it installs what it needs, runs every rung (see ladder.py) and ends with "N passed, N failed".
+# A missing prerequisite is a failure, never a skip. Venvs are cached in tests/ansible/.cache/ (git-ignored).
+set -uo pipefail
+cd "$(dirname "$0")"
+HERE=$(pwd)
+CACHE=$HERE/.cache
+# Pinned: the EL8-compatible line (EL7/EL8 need it, see docs/ansible.md) and the current release; one lint version.
+CORE_216=ansible-core==2.16.19
+CORE_CURRENT=ansible-core==2.19.14
+LINT=ansible-lint==26.10.1
+APT_PACKAGES="rpm createrepo-c dnf python3-dnf dnf-plugins-core"
+mkdir -p "$CACHE"
+start=$(date +%s)
+
+fail_setup() {  # the ladder could not even start: report it in the ladder's own format
+    echo "FAIL  setup: $1"
+    echo "0 passed, 1 failed"
+    exit 1
+}
+
+phase_start=$(date +%s)
+missing=""
+for tool in rpm rpmbuild createrepo_c modifyrepo_c dnf; do
+    command -v "$tool" >/dev/null || missing="$missing $tool"
+done
+[ -f /usr/lib/python3/dist-packages/dnf-plugins/versionlock.py ] || missing="$missing versionlock-plugin"
+if [ -n "$missing" ]; then
+    echo "--- setup: installing Debian packages ($APT_PACKAGES) for:$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends $APT_PACKAGES >/dev/null; } \
+        || fail_setup "apt-get install $APT_PACKAGES failed (needed for the fake EL repositories and the dnf converge)"
+fi
+# dnf's Python bindings must be importable by the interpreter Ansible's dnf module respawns into.
+/usr/bin/python3 -c "import dnf, hawkey" 2>/dev/null || fail_setup "python3-dnf is not importable by /usr/bin/python3"
+echo "--- setup: system packages: $(( $(date +%s) - phase_start )) s"
+
+make_venv() {  # make_venv DIR REQUIREMENT...: create once, reuse while the pins match
+    local dir=$1; shift
+    local stamp="$dir/.hpc-train-pins"
+    if [ -x "$dir/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$*" ]; then
+        return 0
+    fi
+    rm -rf "$dir"
+    python3 -m venv "$dir" && "$dir/bin/pip" install -q --disable-pip-version-check "$@" pytest \
+        && echo "$*" > "$stamp"
+}
+phase_start=$(date +%s)
+make_venv "$CACHE/core-2.16" "$CORE_216" "$LINT" || fail_setup "could not install $CORE_216 $LINT from PyPI"
+make_venv "$CACHE/core-current" "$CORE_CURRENT" "$LINT" || fail_setup "could not install $CORE_CURRENT $LINT from PyPI"
+echo "--- setup: venvs ($CORE_216, $CORE_CURRENT, $LINT): $(( $(date +%s) - phase_start )) s"
+
+"$CACHE/core-2.16/bin/python" "$HERE/ladder.py" --core-216 "$CACHE/core-2.16" --core-current "$CACHE/core-current" "$@"
+rc=$?
+echo "--- total: $(( $(date +%s) - start )) s"
+exit $rc
