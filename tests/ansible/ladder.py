@@ -451,6 +451,8 @@ def main() -> int:
             pytorch_env(ladder, args.core_216)
     if ladder.failed:
         print("failed: " + "; ".join(ladder.failed))
+    if os.environ.get("HPC_TRAIN_LADDER_START"):
+        print(f"--- total: {time.time() - int(os.environ['HPC_TRAIN_LADDER_START']):.0f} s")
     print(f"{ladder.passed} passed, {len(ladder.failed)} failed")
     return 1 if ladder.failed else 0
 
