@@ -429,28 +429,29 @@ def load(cfg: DataConfig, *, image_root: Path | None = None, download_ok: bool =
     raise DataError(f"unknown data set {cfg.name!r}")  # pragma: no cover - the config Literal rejects it
 
 
-def stage_list_files(cfg: DataConfig, dest: Path) -> int:
-    """Copy every image the list files name from ``cfg.root`` to ``dest`` (same relative paths); files
-    already there with the same size are kept, so a requeued job does not copy again. Returns the
+def stage_list_files(cfg: DataConfig, dest: Path, *, part: int = 0, parts: int = 1) -> int:
+    """Copy the images the list files name from ``cfg.root`` to ``dest`` (same relative paths): this
+    caller's share, every ``parts``-th file from ``part`` on (the ranks of a node split the copying).
+    Files already there with the same size are kept, so a requeued job does not copy again. Returns the
     number of files copied."""
     import shutil
 
     root = Path(cfg.root).expanduser()
-    copied = 0
+    names = []
     for name in (cfg.train_list, cfg.val_list, cfg.test_list):
-        if not name:
-            continue
-        split = read_list_file(_resolve_list(root, name), root)
-        for rel in split.paths:
-            src, dst = root / rel, dest / rel
-            try:
-                if dst.is_file() and dst.stat().st_size == src.stat().st_size:
-                    continue
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                tmp = dst.with_name(dst.name + ".partial")
-                shutil.copyfile(src, tmp)
-                tmp.replace(dst)
-            except OSError as exc:
-                raise DataError(f"staging {src} to {dst} failed: {exc}; fix or unset train.data.stage_to") from None
-            copied += 1
+        if name:
+            names += read_list_file(_resolve_list(root, name), root).paths
+    copied = 0
+    for rel in sorted(set(names))[part::parts]:
+        src, dst = root / rel, dest / rel
+        try:
+            if dst.is_file() and dst.stat().st_size == src.stat().st_size:
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(dst.name + ".partial")
+            shutil.copyfile(src, tmp)
+            tmp.replace(dst)
+        except OSError as exc:
+            raise DataError(f"staging {src} to {dst} failed: {exc}; fix or unset train.data.stage_to") from None
+        copied += 1
     return copied

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from ..config import JobSpec, LossConfig, ScheduleConfig, TrainConfig
 from ..dist import DistEnv
+from ..errors import ConfigError
 from . import checkpoint as ckpt
 from . import preempt
 from .datasets import DataSource
@@ -175,6 +176,9 @@ class Trainer:
         self.sampler = GlobalSampler(self.data.train.labels, self.data.num_classes, name=sampler_name,
                                      seed=derive_seed(t.seed, phase), progressive_epochs=progressive)
         self.steps_per_epoch = self.sampler.steps_per_epoch(self.ctx.world_size, self.batch_per_rank)
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"{len(self.data.train)} training images do not give every one of the "
+                              f"{self.ctx.world_size} ranks an image; use fewer ranks or more data")
         self.schedule = LrSchedule(schedule_cfg, lr, epochs)
         if t.optim.name == "sgd":
             self.optimizer: torch.optim.Optimizer = torch.optim.SGD(

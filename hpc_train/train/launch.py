@@ -95,7 +95,9 @@ def configure_backends(spec: JobSpec, env: DistEnv, device) -> None:
         threads = max(1, usable // max(1, sharing))
     torch.set_num_threads(threads)
     if t.deterministic:
-        torch.use_deterministic_algorithms(True)
+        # warn_only: a few CUDA kernels (torchvision's adaptive pooling, max-pool backward) have no
+        # deterministic version; warn about them instead of failing the run. Our own models avoid them.
+        torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
     else:
@@ -221,7 +223,8 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
             same = job_file is not None and job_file.resolve() == config_file.resolve()
             if not config_file.exists() and not same:
                 config_file.write_text(dump_yaml(spec), encoding="utf-8")
-            log.info("run directory %s; %d rank(s) (%s), device %s", path, env.world_size, env.source, device)
+            log.info("run directory %s; %d rank(s) (%s), device %s, amp %s, channels_last %s, compile %s",
+                     path, env.world_size, env.source, device, t.amp, t.channels_last, t.compile)
         per_device = t.batch_size // env.world_size if t.strategy == "ddp" else t.batch_size // max(
             1, torch.cuda.device_count() if device.type == "cuda" else 1)
         if per_device < 16 and env.rank == 0:
@@ -231,9 +234,9 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
         image_root = None
         if t.data.name == "list" and t.data.stage_to:
             image_root = Path(os.path.expandvars(t.data.stage_to)).expanduser()
-            if env.local_rank == 0:
-                copied = datasets.stage_list_files(t.data, image_root)
-                log.info("staged %d image files to %s", copied, image_root)
+            # The ranks of a node split the copying (and each node copies for itself).
+            copied = datasets.stage_list_files(t.data, image_root, part=env.local_rank, parts=env.local_world_size)
+            log.info("staged %d image files to %s", copied, image_root)
             if distributed:
                 barrier(device)
         if t.data.download and env.local_rank != 0 and distributed:

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor
 
 MANY_ABOVE = 100
@@ -49,8 +50,11 @@ class ClassCounter:
         self.table = torch.zeros(2, num_classes, dtype=torch.int64, device=device)
 
     def update(self, predictions: Tensor, targets: Tensor) -> None:
-        self.table[1] += torch.bincount(targets, minlength=self.num_classes)
-        self.table[0] += torch.bincount(targets[predictions == targets], minlength=self.num_classes)
+        # one_hot + sum rather than bincount: CUDA's bincount uses atomics and is refused under
+        # deterministic algorithms; a sum over the batch is exact for integers either way.
+        hits = predictions == targets
+        self.table[1] += F.one_hot(targets, self.num_classes).sum(0)
+        self.table[0] += F.one_hot(targets[hits], self.num_classes).sum(0)
 
     def all_reduce(self) -> "ClassCounter":
         if dist.is_available() and dist.is_initialized():

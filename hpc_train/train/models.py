@@ -104,7 +104,7 @@ class CifarResNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.layers(F.relu(self.bn1(self.conv1(x))))
-        return F.adaptive_avg_pool2d(out, 1).flatten(1)
+        return out.mean(dim=(2, 3))  # global average pool (deterministic backward on CUDA, unlike adaptive pooling)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -118,8 +118,13 @@ def small_cnn(in_channels: int) -> nn.Module:
 
     return nn.Sequential(
         *block(in_channels, 32), *block(32, 64), nn.MaxPool2d(2),
-        *block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        *block(64, 128), _GlobalAveragePool(),
     )  # fmt: skip
+
+
+class _GlobalAveragePool(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.mean(dim=(2, 3))
 
 
 # --------------------------------------------------------------------------------------------------

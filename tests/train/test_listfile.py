@@ -119,3 +119,15 @@ def test_imagefolder_with_longtail_subsampling(tmp_path):
     assert np.all(np.diff(lt.train.labels) >= 0)
     with pytest.raises(DataError, match="expected .*train/<class>/<image>"):
         datasets.load(DataConfig(name="imagefolder", root=str(tmp_path / "empty")))
+
+
+def test_imagenet_lt_recipe_dry_run(list_root, capsys, restore_signals):
+    # The shipped ImageNet-LT job on a miniature list-file set: 4 nodes x 8 GPUs, batch 512.
+    root, _ = list_root
+    for split in ("train", "val", "test"):
+        (root / f"ImageNet_LT_{split}.txt").write_text((root / f"{split}.txt").read_text())
+    assert main(["jobs/imagenet_lt_resnext50_crt.yaml", "--dry-run", "--set", f"train.data.root={root}"]) == 0
+    out = capsys.readouterr().out
+    assert "world size     32 (4 node(s) x 8 rank(s))" in out and "per rank 16" in out
+    assert "+ 10 cRT, then tau-normalisation" in out and "resnext50_32x4d" in out
+    assert "21 training images, 6 held out, 12 test images" in out
