@@ -139,6 +139,12 @@ class Trainer:
         self.global_step = int(state["global_step"])
         self.best, self.last = state.get("best"), state.get("last")
         self._setup_phase(state["phase"], reinit_classifier=False)
+        if int(state.get("world_size", ctx.world_size)) != ctx.world_size:
+            # The global batch is the same, so steps per epoch barely change; the shards do, so this
+            # epoch's remaining batches are not the ones an uninterrupted run would have seen.
+            log.warning("checkpoint written by %s ranks, resuming with %d: the rest of this epoch sees a "
+                        "different data order", state.get("world_size"), ctx.world_size)
+            self.step_in_epoch = min(self.step_in_epoch, self.steps_per_epoch)
         self.optimizer.load_state_dict(state["optimizer"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])

@@ -261,3 +261,13 @@ def test_submitit_local_executor_runs_the_callable_on_two_ranks(tmp_path, monkey
     ranks = [json.loads((tmp_path / "run" / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [(x["rank"], x["local_rank"], x["source"]) for x in ranks] == [(0, 0, "submitit-local"),
                                                                           (1, 1, "submitit-local")]
+
+
+def test_run_directory_choice(tmp_path, monkeypatch):
+    spec = make_spec(DIGITS_QUICK, name="demo", runs_dir=str(tmp_path / "runs"))
+    assert launch.choose_run_dir(spec, str(tmp_path / "explicit")) == tmp_path / "explicit"
+    default = launch.choose_run_dir(spec, None)
+    assert default.parent == tmp_path / "runs" / "demo" and default.name.startswith("local-")
+    monkeypatch.setenv("HPC_TRAIN_RUN_DIR", str(tmp_path / "from-sbatch"))
+    assert launch.choose_run_dir(spec, None) == tmp_path / "from-sbatch"
+    assert launch.choose_run_dir(spec, str(tmp_path / "explicit")) == tmp_path / "explicit"  # the flag wins
