@@ -433,7 +433,7 @@ class Trainer:
                               val_balanced={str(k): v for k, v in scores.items()})
         if self.ctx.is_main:
             append_jsonl(self.run_dir / "metrics.jsonl", record)
-            log.info("τ-normalisation: τ=%.1f chosen on the held-out split (balanced %.2f); test top-1 %.2f",
+            log.info("tau-normalisation: tau=%.1f chosen on the held-out split (balanced %.2f); test top-1 %.2f",
                      best_tau, 100 * scores[best_tau], 100 * record["top1"])
         return record
 

@@ -69,7 +69,11 @@ def install(requeue_signal: str = "USR2", also: Iterable[str] = ("TERM",)) -> No
         canonical = signal.Signals(num).name.removeprefix("SIG")
         if canonical in _installed and signal.getsignal(num) is _handler:
             continue
-        signal.signal(num, _handler)
+        try:
+            signal.signal(num, _handler)
+        except ValueError:  # not the main thread: only the main thread may set handlers
+            log.warning("cannot install the preemption handler for SIG%s outside the main thread", canonical)
+            continue
         signal.siginterrupt(num, False)
         _installed.add(canonical)
 

@@ -271,3 +271,18 @@ def test_run_directory_choice(tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_TRAIN_RUN_DIR", str(tmp_path / "from-sbatch"))
     assert launch.choose_run_dir(spec, None) == tmp_path / "from-sbatch"
     assert launch.choose_run_dir(spec, str(tmp_path / "explicit")) == tmp_path / "explicit"  # the flag wins
+
+
+def test_requeue_decision_rules():
+    from hpc_train.train.preempt import decide_requeue, requeue_job_id
+
+    slurm = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"}
+    assert requeue_job_id(slurm) == "77"
+    assert requeue_job_id({**slurm, "SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "4"}) == "70_4"
+    assert requeue_job_id({}) is None
+    kw = dict(requeue_enabled=True, max_requeues=3, by_requeue_signal=True, scontrol="/bin/true")
+    assert decide_requeue(environ=slurm, **kw).requeue
+    assert not decide_requeue(environ={**slurm, "SLURM_RESTART_COUNT": "3"}, **kw).requeue
+    assert not decide_requeue(environ={}, **kw).requeue  # not under Slurm
+    assert not decide_requeue(environ=slurm, **{**kw, "requeue_enabled": False}).requeue
+    assert not decide_requeue(environ=slurm, **{**kw, "by_requeue_signal": False}).requeue  # SIGTERM / scancel
