@@ -207,7 +207,7 @@ def check_mode(ladder: Ladder, venv: Path, label: str) -> None:
 # ------------------------------------------------------------------------------------------------ converge
 
 
-def make_image_root(name: str, repos: Path) -> dict[str, Path]:
+def make_image_root(name: str, repos: Path, copy_from: Path | None = None) -> dict[str, Path]:
     """An empty image root with the site's BaseOS mirror configured, and the build host's dnf.conf for it.
 
     The build host's versionlock plugin is off (as during a real build: the image's lock list is not the
@@ -216,7 +216,10 @@ def make_image_root(name: str, repos: Path) -> dict[str, Path]:
     base = WORK / name
     shutil.rmtree(base, ignore_errors=True)
     root = base / "root"
-    (root / "etc" / "yum.repos.d").mkdir(parents=True)
+    if copy_from is not None:
+        base.mkdir(parents=True)
+        shutil.copytree(copy_from, root, symlinks=True)
+    (root / "etc" / "yum.repos.d").mkdir(parents=True, exist_ok=True)
     (root / "etc" / "yum.repos.d" / "site-baseos.repo").write_text(
         f"[site-baseos]\nname=Site BaseOS mirror (fake)\nbaseurl=file://{repos}/baseos/\nenabled=1\ngpgcheck=0\n")
     paths = {"root": root, "conf": base / "dnf.conf", "plugins_off": base / "plugins-off", "plugins_image": base / "plugins-image"}
@@ -384,6 +387,88 @@ def converge(ladder: Ladder, venv: Path) -> None:
                  "changed: " + ", ".join(r["task"] for r in records if r["changed"]))
 
 
+# ------------------------------------------------------------------------------------------------ live change
+
+
+def live_change(ladder: Ladder, venv: Path) -> None:
+    """A driver change on a running node: drain first, wait for the jobs, never resume an admin's drain, never
+    reboot over a local connection. The node is a copy of the converged image root (proprietary flavour by now),
+    run in live mode (not an image build); scontrol/squeue are fake_slurm/ stand-ins that record every call."""
+    repos = WORK / "repos"
+    source = WORK / "image" / "root"
+    if not ladder.check("live/an installed root from the converge rung exists", (source / "var").exists()):
+        return
+    node = make_image_root("live", repos, copy_from=source)
+    machine = WORK / "live-machine"
+    shutil.rmtree(machine, ignore_errors=True)
+    ladder_lib.build_fixture_machine(json.loads((HERE / "fixtures" / "facts" / "el9.json").read_text()), machine)
+    slurm_state = WORK / "live-slurm.json"
+    driver = f"{fake_repos.DRIVER_VERSIONS[0]}-1.el9"
+
+    def play(label: str, slurm: dict, *extra: str) -> tuple[subprocess.CompletedProcess, list[dict], dict]:
+        slurm_state.write_text(json.dumps({"calls": [], **slurm}))
+        record = WORK / f"live-{label}.jsonl"
+        env = ansible_env(venv, record, HPC_TRAIN_FAKE_SLURM=str(slurm_state))
+        env["PATH"] = f"{HERE / 'fake_slurm' / 'bin'}:{env['PATH']}"
+        result = run([str(venv / "bin" / "ansible-playbook"), "-i", str(EXAMPLE), "-i", str(HERE / "inventories" / "converge" / "hosts.yml"),
+                      "--limit", "el9-image", "--tags", "preflight,driver", "-e", f"fixtures_dir={HERE / 'fixtures'}",
+                      "-e", f"fake_repos={repos}", "-e", f"gpu_stack_sysroot={node['root']}", "-e", f"gpu_stack_dnf_conf_file={node['conf']}",
+                      "-e", "gpu_stack_releasever=9", "-e", "gpu_stack_manage_services=false",
+                      "-e", f"gpu_preflight_pci_devices_path={machine}/sys/bus/pci/devices",
+                      "-e", f"gpu_preflight_efivars_path={machine}/sys/firmware/efi/efivars",
+                      "-e", "nvidia_driver_allow_change=true", "-e", "nvidia_driver_drain_poll_s=1",
+                      "-e", '{"gpu_nodes_rollout_batches": ["100%"]}', *extra, "live_change.yml"],
+                     env, WORK / "logs" / f"live-{label}.log")
+        return result, ladder_lib.read_records(record), json.loads(slurm_state.read_text())
+
+    def updates(slurm: dict) -> list[list[str]]:
+        return [c["argv"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "update"]]
+
+    before = rpm_packages(node["root"])
+    busy = {"node": {"name": "gpu01", "state": "MIXED", "reason": ""}, "jobs": ["4242"]}
+    result, records, slurm = play("1-jobs-outlast-the-timeout", {**busy, "polls_until_done": None},
+                                  "-e", "gpu_stack_driver_flavor=open", "-e", "nvidia_driver_drain_timeout_s=2")
+    failure = ladder_lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/jobs outlast the drain timeout: stopped with a clear message",
+                 failure.get("msg", "") == "nvidia_driver: jobs 4242 still run on gpu01 after 2 s; nothing was changed and the node "
+                 "stays drained. Rerun when they have ended (or raise nvidia_driver_drain_timeout_s).", failure.get("msg", ""))
+    ladder.check("live/jobs outlast the timeout: node drained with our reason, packages untouched",
+                 slurm["node"]["state"] == "MIXED+DRAIN" and slurm["node"]["reason"].startswith("hpc-train")
+                 and rpm_packages(node["root"]) == before, json.dumps(slurm["node"]))
+
+    result, records, slurm = play("2-drain-then-change", {**busy, "polls_until_done": 2},
+                                  "-e", "gpu_stack_driver_flavor=open", "-e", "nvidia_driver_drain_timeout_s=60",
+                                  "-e", "nvidia_driver_reboot=true")
+    packages = rpm_packages(node["root"])
+    ladder.check("live/the driver changed once the jobs had ended",
+                 f"kmod-nvidia-open-dkms-{driver}" in packages and not any(p.startswith("kmod-nvidia-latest") for p in packages),
+                 tail(result.stdout, 20))
+    polls = [c["time"] for c in slurm["calls"] if c["argv"][0] == "squeue"]
+    drained = [c["time"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "update"] and "State=DRAIN" in c["argv"]]
+    query = subprocess.run(["rpm", "--root", str(node["root"]), "-q", "--queryformat", "%{INSTALLTIME}", "kmod-nvidia-open-dkms"],
+                           capture_output=True, text=True)
+    installed = int(query.stdout) if query.returncode == 0 else 0
+    ladder.check("live/order: drain, then polls until no job is left, then the package change",
+                 len(drained) == 1 and len(polls) == 2 and drained[0] < polls[0] and installed >= int(polls[-1]),
+                 f"drain={drained} polls={polls} kmod installed at {installed}")
+    failure = ladder_lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/reboot asked over a local connection: refused, node not resumed",
+                 failure.get("msg", "") == "nvidia_driver: el9-image is reached over a local connection; rebooting it would reboot the controller."
+                 and not any("State=RESUME" in u for u in updates(slurm)) and slurm["node"]["state"].endswith("DRAIN"),
+                 f"{failure.get('msg', '')}\n{json.dumps(slurm['node'])}")
+
+    result, records, slurm = play("3-admin-drained-node", {"node": {"name": "gpu01", "state": "IDLE+DRAIN", "reason": "bad fan"},
+                                                          "jobs": [], "polls_until_done": 0},
+                                  "-e", "gpu_stack_driver_flavor=proprietary")
+    packages = rpm_packages(node["root"])
+    ladder.check("live/a node an admin drained: changed without touching its Slurm state",
+                 result.returncode == 0 and f"kmod-nvidia-latest-dkms-{driver}" in packages and updates(slurm) == []
+                 and slurm["node"] == {"name": "gpu01", "state": "IDLE+DRAIN", "reason": "bad fan"},
+                 f"rc={result.returncode} updates={updates(slurm)} node={slurm['node']}\n{tail(result.stdout, 12)}")
+    messages = [r["msg"] for r in records if r["task"].endswith("Report the reboot that is still needed")]
+    ladder.check("live/no reboot asked: says a reboot is pending", any("it is loaded after a reboot" in m for m in messages), str(messages))
+
+
 # ------------------------------------------------------------------------------------------------ pytorch_env
 
 
@@ -426,12 +511,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--core-216", type=Path, required=True, help="venv with ansible-core 2.16 and ansible-lint")
     parser.add_argument("--core-current", type=Path, required=True, help="venv with the current ansible-core and ansible-lint")
-    parser.add_argument("--only", nargs="*", default=None, help="run only these rungs (static, unit, check, converge, pytorch_env)")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these rungs (static, unit, check, converge, live, pytorch_env)")
     args = parser.parse_args()
+    args.core_216, args.core_current = args.core_216.absolute(), args.core_current.absolute()  # rungs change directory
     WORK.mkdir(parents=True, exist_ok=True)
     ladder = Ladder()
     venvs = {f"core-{core_version(args.core_216)}": args.core_216, f"core-{core_version(args.core_current)}": args.core_current}
-    wanted = set(args.only or ["static", "unit", "check", "converge", "pytorch_env"])
+    wanted = set(args.only or ["static", "unit", "check", "converge", "live", "pytorch_env"])
     for label, venv in venvs.items():
         if "static" in wanted:
             with ladder.rung(f"static[{label}]"):
@@ -446,6 +532,9 @@ def main() -> int:
     if "converge" in wanted:
         with ladder.rung(f"converge[core-{core_version(args.core_216)}]"):
             converge(ladder, args.core_216)
+    if "live" in wanted:
+        with ladder.rung(f"live_change[core-{core_version(args.core_216)}]"):
+            live_change(ladder, args.core_216)
     if "pytorch_env" in wanted:
         with ladder.rung(f"pytorch_env[core-{core_version(args.core_216)}]"):
             pytorch_env(ladder, args.core_216)

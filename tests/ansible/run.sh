@@ -10,7 +10,7 @@ CACHE=$HERE/.cache
 CORE_216=ansible-core==2.16.19
 CORE_CURRENT=ansible-core==2.19.14
 LINT=ansible-lint==26.10.1
-APT_PACKAGES="rpm createrepo-c dnf python3-dnf dnf-plugins-core"
+APT_PACKAGES="rpm createrepo-c dnf python3-dnf dnf-plugins-core python3-venv"
 mkdir -p "$CACHE"
 start=$(date +%s)
 
@@ -26,6 +26,7 @@ for tool in rpm rpmbuild createrepo_c modifyrepo_c dnf; do
     command -v "$tool" >/dev/null || missing="$missing $tool"
 done
 [ -f /usr/lib/python3/dist-packages/dnf-plugins/versionlock.py ] || missing="$missing versionlock-plugin"
+python3 -c "import ensurepip, venv" 2>/dev/null || missing="$missing python3-venv"
 if [ -n "$missing" ]; then
     echo "--- setup: installing Debian packages ($APT_PACKAGES) for:$missing"
     export DEBIAN_FRONTEND=noninteractive
