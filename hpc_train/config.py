@@ -733,10 +733,12 @@ def validate(spec: JobSpec) -> JobSpec:
         raise ConfigError(f"slurm.gpus_per_node must be 0 or more, got {s.gpus_per_node}")
     if s.tasks_per_node is not None and s.tasks_per_node < 1:
         raise ConfigError(f"slurm.tasks_per_node must be at least 1, got {s.tasks_per_node}")
-    if s.gpus_per_node > 0 and s.ranks_per_node != s.gpus_per_node:
+    legacy_dp = spec.train.strategy == "dp" and s.ranks_per_node == 1 and s.nodes == 1
+    if s.gpus_per_node > 0 and s.ranks_per_node != s.gpus_per_node and not legacy_dp:
         raise ConfigError(
             f"{s.ranks_per_node} ranks per node but {s.gpus_per_node} GPUs per node: hpc-train runs one rank "
-            f"per GPU; leave --tasks-per-node unset or set it to {s.gpus_per_node}"
+            f"per GPU; leave --tasks-per-node unset or set it to {s.gpus_per_node} (train.strategy=dp: one task drives "
+            "all GPUs of one node)"
         )
     if s.cpus_per_task < 1:
         raise ConfigError(f"slurm.cpus_per_task must be at least 1, got {s.cpus_per_task}")

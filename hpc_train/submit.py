@@ -305,9 +305,11 @@ def _submitit_logs(folder: Path, job_id: str) -> dict[str, str]:
 
 
 def _train_job(spec: JobSpec, run_dir: str | None):
-    from .train.callable import TrainJob  # torch-free; the training code is imported when it runs
+    # torch-free to import and unpickle; the training code is imported when the callable runs.
+    from .train.callable import TorchrunJob, TrainJob
 
-    return TrainJob(dump_yaml(spec), run_dir)
+    job_class = TorchrunJob if spec.slurm.launcher == "torchrun" else TrainJob
+    return job_class(dump_yaml(spec), run_dir or "")
 
 
 def submit(spec: JobSpec, sources: JobSources, *, cluster: Cluster = "auto", cwd: Path | None = None,

@@ -58,3 +58,53 @@ class TrainJob:
 
     def __repr__(self) -> str:
         return f"TrainJob(run_dir={self.run_dir!r})"
+
+
+class TorchrunJob(TrainJob):
+    """The submitit callable of the ``torchrun`` launcher: one per node, it runs torchrun, whose workers
+    are the ranks.
+
+    This process only waits. It ignores the preemption signal (the workers get it from Slurm, or from
+    the batch shell's forwarding ``scancel``, and act on it), and it must not keep submitit's handler,
+    which would requeue from here. The rendezvous comes from the batch shell (``MASTER_ADDR``,
+    ``MASTER_PORT``) and the job file from the run directory it wrote (``$HPC_TRAIN_RUN_DIR/job.yaml``).
+    """
+
+    def __call__(self) -> dict[str, Any]:
+        import json
+        import signal
+        import subprocess
+        import sys
+
+        from . import preempt
+
+        spec, _ = self._spec()
+        for name in {spec.slurm.signal, "USR2"}:
+            signal.signal(preempt.signal_number(name), signal.SIG_IGN)  # inherited by torchrun and its workers
+        env = os.environ
+        run_dir = Path(self.run_dir or env.get("HPC_TRAIN_RUN_DIR", ""))
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_NUM_NODES", "SLURM_JOB_ID") if not env.get(k)]
+        if missing or not (run_dir / "job.yaml").is_file():
+            raise RuntimeError(f"the torchrun launcher needs the batch shell's {', '.join(missing) or 'job.yaml'}: "
+                               "submit it with hpc-train (its sbatch template sets them)")
+        command = [
+            sys.executable, "-u", "-m", "torch.distributed.run",
+            f"--nnodes={env['SLURM_JOB_NUM_NODES']}", f"--nproc-per-node={spec.slurm.ranks_per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+            f"--rdzv-id={env['SLURM_JOB_ID']}", "--max-restarts=0",
+            "-m", "hpc_train.train", str(run_dir / "job.yaml"),
+        ]
+        returncode = subprocess.run(command, check=False).returncode
+        try:
+            state = json.loads((run_dir / "status.json").read_text()).get("state")
+        except (OSError, ValueError):
+            state = None
+        if state == "requeued":
+            raise SystemExit(0)
+        if state == "preempted":
+            raise SystemExit(75)
+        if returncode != 0:
+            raise RuntimeError(f"torchrun exited with status {returncode} on {env.get('SLURMD_NODENAME', '?')}; "
+                               "see the workers' lines in this log")
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+        return {k: summary.get(k) for k in ("run_dir", "dataset", "epochs", "global_step", "world_size")}

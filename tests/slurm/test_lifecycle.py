@@ -179,17 +179,30 @@ def test_every_template_variant_passes_sbatch_test_only(slurm_cluster, work, lau
 # 3. torchrun across 2 nodes
 # ------------------------------------------------------------------------------------------------
 
-def test_torchrun_launcher_two_nodes(slurm_cluster, work):
+def test_torchrun_launcher_two_nodes_with_preemption(slurm_cluster, work):
+    """torchrun, one per node; the time-limit signal goes to the batch shell only (B:), which forwards it
+    to the workers; they checkpoint, rank 0 requeues, the job resumes and ends with the exact step count."""
+    steps_per_epoch = getattr(test_submit_ranks_logs_status, "steps_per_epoch", None)
+    if steps_per_epoch is None:
+        pytest.skip("needs test_submit_ranks_logs_status in the same session (it measures steps per epoch)")
+    epochs = 10
     out = submit_json(slurm_cluster, "--nodes", "2", "--gpus", "2", "--launcher", "torchrun", *DEMO,
-                      "--set", "train.epochs=1", "--name", "torchrun-demo", "--wait", cwd=work)
-    run_dir = Path(out["run_dir"])
+                      "--set", f"train.epochs={epochs}", "--name", "torchrun-demo", cwd=work)
+    job_id, run_dir = out["job_id"], Path(out["run_dir"])
+    env = slurm_cluster.env
+    wait_for(lambda: len(metrics(run_dir)) >= 2, 120, "two epochs")
+    harness.run_slurm(["scancel", "--batch", "--signal=USR2", job_id], env=env)  # as Slurm does with B:
+    assert wait_state(slurm_cluster, job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout_s=240) == "COMPLETED"
+    assert _restart_count(job_id, env) == 1
     seen = rank_records(run_dir)
     assert [r["rank"] for r in seen] == [0, 1, 2, 3]
     assert {r["source"] for r in seen} == {"torchrun"}
     assert {(r["node_rank"], r["hostname"]) for r in seen} == {(0, "gpu01"), (1, "gpu02")}
-    assert metrics(run_dir)[-1]["epoch"] == 1
+    final = _status_json(run_dir)
+    assert final["state"] == "completed" and final["global_step"] == epochs * steps_per_epoch
     job = (run_dir / "job.sbatch").read_text()
     assert "#SBATCH --ntasks-per-node=1" in job and "#SBATCH --signal=B:USR2@" in job
+    assert "got USR2, forwarding it to the workers" in (run_dir / "logs" / "batch.log").read_text()
 
 
 # ------------------------------------------------------------------------------------------------
