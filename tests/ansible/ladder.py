@@ -6,10 +6,14 @@ Rungs, each printed with its wall time:
   check[<core>]     gpu_nodes.yml --check --diff over EL7/EL8/EL9/Alma9 fixtures and the negative fixtures,
                     per ansible-core; decisions, file diffs and exact failure messages from fixtures/check_expectations.yml
   converge          image_build.yml with dnf into an EL9 image root from fake repositories (ansible-core 2.16):
-                    converge, idempotence, verify, then negative cases
+                    converge, idempotence, verify, then negative cases and an allowed flavour switch
+  missing_branch    the same into an empty root, for a driver branch the mirror lacks
+  live_change       a driver change on a live node: drain, wait for jobs, admin drains kept (Slurm CLI stand-ins)
+  gpu_validate      the node checks of validate.yml against a stand-in nvidia-smi
   pytorch_env       the pytorch_env role for real, from a directory of stand-in wheels
 
-Every check prints PASS or FAIL; the last line is "N passed, N failed". Usage:
+Two pipelines run in parallel threads (see main). Every check prints PASS or FAIL; the last line is
+"N passed, N failed". Usage:
     python ladder.py --core-216 VENV --core-current VENV [--only RUNG ...]
 """
 
@@ -22,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from contextlib import contextmanager
@@ -46,28 +51,40 @@ MISSING_KERNEL = "5.14.0-362.8.1.el9_3.x86_64"  # a kernel the fake mirror does 
 
 
 class Ladder:
+    """Counts checks. Rungs run in two threads (see main); each rung's lines are printed together when it ends."""
+
     def __init__(self) -> None:
         self.passed = 0
         self.failed: list[str] = []
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _say(self, line: str) -> None:
+        self._local.__dict__.setdefault("lines", []).append(line)
 
     def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        with self._lock:
+            if ok:
+                self.passed += 1
+            else:
+                self.failed.append(name)
         if ok:
-            self.passed += 1
-            print(f"PASS  {name}", flush=True)
+            self._say(f"PASS  {name}")
         else:
-            self.failed.append(name)
-            print(f"FAIL  {name}" + (f"\n      {detail.strip()}".replace("\n", "\n      ") if detail else ""), flush=True)
+            self._say(f"FAIL  {name}" + (f"\n      {str(detail).strip()}".replace("\n", "\n      ") if detail else ""))
         return ok
 
     @contextmanager
     def rung(self, name: str):
         start = time.monotonic()
-        print(f"--- {name}", flush=True)
+        self._local.lines = [f"--- {name}"]
         try:
             yield
         except Exception as exc:  # a broken rung is a failure of that rung, not the end of the ladder
             self.check(f"{name}: ran to the end", False, f"{type(exc).__name__}: {exc}")
-        print(f"--- {name}: {time.monotonic() - start:.1f} s", flush=True)
+        self._say(f"--- {name}: {time.monotonic() - start:.1f} s")
+        with self._lock:
+            print("\n".join(self._local.lines), flush=True)
 
 
 def core_version(venv: Path) -> str:
@@ -358,19 +375,7 @@ def converge(ladder: Ladder, venv: Path) -> None:
     ladder.check("negative/refused flavour switch: packages, stream and lock untouched",
                  rpm_packages(root) == before and module_stream(root) == "570-open" and lock_block(root) == lock)
 
-    fresh = make_image_root("image-fresh", repos)
-    result, records = converge_run(venv, fresh, repos, "5-missing-branch", "-e", "gpu_stack_driver_branch=580",
-                                   "-e", "gpu_stack_driver_version=")
-    failure = ladder_lib.first_failure(records, "el9-image") or {}
-    ladder.check("negative/driver branch missing from the mirror: refused with a clear message",
-                 failure.get("msg", "").startswith(
-                     "nvidia_driver: the repositories have no nvidia-driver:580-open module stream, so driver branch 580 (open) "
-                     "cannot be installed.") and "nvidia-driver:580-open" in failure.get("msg", "").split("dnf said:")[-1],
-                 failure.get("msg", ""))
-    ladder.check("negative/missing branch: no driver package installed",
-                 not any(p.startswith(("nvidia-", "kmod-nvidia")) for p in rpm_packages(fresh["root"])))
-
-    result, records = converge_run(venv, image, repos, "6-flavour-switch-allowed", "-e", "gpu_stack_driver_flavor=proprietary",
+    result, records = converge_run(venv, image, repos, "5-flavour-switch-allowed", "-e", "gpu_stack_driver_flavor=proprietary",
                                    "-e", "nvidia_driver_allow_change=true")
     packages = rpm_packages(root)
     ladder.check("change/allowed flavour switch succeeds", result.returncode == 0, tail(result.stdout, 25))
@@ -381,10 +386,27 @@ def converge(ladder: Ladder, venv: Path) -> None:
     new_lock = lock_block(root)
     ladder.check("change/the lock follows the new kernel module",
                  f"kmod-nvidia-latest-dkms-3:{driver}.*" in new_lock and not any("open-dkms" in e for e in new_lock), new_lock)
-    result, records = converge_run(venv, image, repos, "7-after-switch", "-e", "gpu_stack_driver_flavor=proprietary",
+    result, records = converge_run(venv, image, repos, "6-after-switch", "-e", "gpu_stack_driver_flavor=proprietary",
                                    "-e", "nvidia_driver_allow_change=true")
     ladder.check("change/rerun after the switch changes nothing", result.returncode == 0 and counts(records)[0] == 0,
                  "changed: " + ", ".join(r["task"] for r in records if r["changed"]))
+
+
+def missing_branch(ladder: Ladder, venv: Path) -> None:
+    """A driver branch the mirror does not carry, on an empty image root (independent of the converge rung)."""
+    repos = WORK / "repos-branch"
+    fake_repos.main(repos)
+    fresh = make_image_root("image-fresh", repos)
+    result, records = converge_run(venv, fresh, repos, "missing-branch", "-e", "gpu_stack_driver_branch=580",
+                                   "-e", "gpu_stack_driver_version=")
+    failure = ladder_lib.first_failure(records, "el9-image") or {}
+    ladder.check("negative/driver branch missing from the mirror: refused with a clear message",
+                 failure.get("msg", "").startswith(
+                     "nvidia_driver: the repositories have no nvidia-driver:580-open module stream, so driver branch 580 (open) "
+                     "cannot be installed.") and "nvidia-driver:580-open" in failure.get("msg", "").split("dnf said:")[-1],
+                 failure.get("msg", ""))
+    ladder.check("negative/missing branch: no driver package installed",
+                 not any(p.startswith(("nvidia-", "kmod-nvidia")) for p in rpm_packages(fresh["root"])))
 
 
 # ------------------------------------------------------------------------------------------------ live change
@@ -469,6 +491,46 @@ def live_change(ladder: Ladder, venv: Path) -> None:
     ladder.check("live/no reboot asked: says a reboot is pending", any("it is loaded after a reboot" in m for m in messages), str(messages))
 
 
+# ------------------------------------------------------------------------------------------------ gpu_validate
+
+
+def gpu_validate(ladder: Ladder, venv: Path) -> None:
+    """gpu_validate's node checks with a stand-in nvidia-smi (fake_gpu/): the GPUs are what cannot exist here."""
+    base = WORK / "gpu-validate"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    smi_rows, version_file = base / "smi.csv", base / "nvidia-version"
+
+    def play(label: str, driver: str | None) -> tuple[subprocess.CompletedProcess, list[dict]]:
+        if driver is None:
+            version_file.unlink(missing_ok=True)
+        else:
+            version_file.write_text(f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {driver}\n")
+            smi_rows.write_text("".join(f"{i}, NVIDIA H100 80GB HBM3, {driver}, Enabled\n" for i in range(8)))
+        record = WORK / f"gpu-validate-{label}.jsonl"
+        env = ansible_env(venv, record, HPC_TRAIN_FAKE_SMI=str(smi_rows))
+        env["PATH"] = f"{HERE / 'fake_gpu' / 'bin'}:{env['PATH']}"
+        result = run([str(venv / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", f"fixtures_dir={HERE / 'fixtures'}",
+                      "-e", f"driver_version_file={version_file}", "-e", "ansible_become=false", "validate_gpus.yml"],
+                     env, WORK / "logs" / f"gpu-validate-{label}.log")
+        return result, ladder_lib.read_records(record)
+
+    result, records = play("1-good", "570.172.08")
+    checked = [r for r in records if r["task"].endswith("Check the driver branch, the GPU count and persistence mode")]
+    ladder.check("gpu_validate/8 GPUs on branch 570 in persistence mode pass",
+                 result.returncode == 0 and [r["status"] for r in checked] == ["ok"], tail(result.stdout, 15))
+    result, records = play("2-wrong-branch", "550.127.08")
+    failure = ladder_lib.first_failure(records, "localhost") or {}
+    ladder.check("gpu_validate/a driver of another branch is reported",
+                 failure.get("msg", "").startswith("gpu_validate: nvidia-smi on localhost says ['0, NVIDIA H100 80GB HBM3, 550.127.08, Enabled'")
+                 and failure.get("msg", "").endswith("expected 8 GPU(s) on driver branch 570 in persistence mode."), failure.get("msg", ""))
+    result, records = play("3-reboot-pending", None)
+    notes = [r["msg"] for r in records if r["task"].endswith("Note that the GPU checks wait for the reboot")]
+    ladder.check("gpu_validate/driver not loaded: says the checks wait for the reboot, does not fail",
+                 result.returncode == 0 and notes == ["localhost: the NVIDIA driver is not loaded yet (reboot pending); GPU checks skipped."],
+                 str(notes))
+
+
 # ------------------------------------------------------------------------------------------------ pytorch_env
 
 
@@ -511,33 +573,53 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--core-216", type=Path, required=True, help="venv with ansible-core 2.16 and ansible-lint")
     parser.add_argument("--core-current", type=Path, required=True, help="venv with the current ansible-core and ansible-lint")
-    parser.add_argument("--only", nargs="*", default=None, help="run only these rungs (static, unit, check, converge, live, pytorch_env)")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these rungs (static, unit, check, converge, live, gpu_validate, pytorch_env)")
     args = parser.parse_args()
     args.core_216, args.core_current = args.core_216.absolute(), args.core_current.absolute()  # rungs change directory
     WORK.mkdir(parents=True, exist_ok=True)
     ladder = Ladder()
     venvs = {f"core-{core_version(args.core_216)}": args.core_216, f"core-{core_version(args.core_current)}": args.core_current}
-    wanted = set(args.only or ["static", "unit", "check", "converge", "live", "pytorch_env"])
-    for label, venv in venvs.items():
-        if "static" in wanted:
-            with ladder.rung(f"static[{label}]"):
-                static(ladder, venv, label)
-    if "unit" in wanted:
-        with ladder.rung("unit"):
-            unit(ladder, args.core_current)
-    for label, venv in venvs.items():
-        if "check" in wanted:
-            with ladder.rung(f"check[{label}]"):
-                check_mode(ladder, venv, label)
-    if "converge" in wanted:
-        with ladder.rung(f"converge[core-{core_version(args.core_216)}]"):
-            converge(ladder, args.core_216)
-    if "live" in wanted:
-        with ladder.rung(f"live_change[core-{core_version(args.core_216)}]"):
-            live_change(ladder, args.core_216)
-    if "pytorch_env" in wanted:
-        with ladder.rung(f"pytorch_env[core-{core_version(args.core_216)}]"):
-            pytorch_env(ladder, args.core_216)
+    wanted = set(args.only or ["static", "unit", "check", "converge", "live", "gpu_validate", "pytorch_env"])
+    core_216 = f"core-{core_version(args.core_216)}"
+
+    # Two pipelines in parallel (the machine has 2 cores and each ansible-playbook here mostly uses one):
+    # A: static, unit and check mode for both cores, gpu_validate, pytorch_env; B: converge, then live_change,
+    # which needs the converged root.
+    def pipeline_a() -> None:
+        for label, venv in venvs.items():
+            if "static" in wanted:
+                with ladder.rung(f"static[{label}]"):
+                    static(ladder, venv, label)
+        if "unit" in wanted:
+            with ladder.rung("unit"):
+                unit(ladder, args.core_current)
+        for label, venv in venvs.items():
+            if "check" in wanted:
+                with ladder.rung(f"check[{label}]"):
+                    check_mode(ladder, venv, label)
+        if "converge" in wanted:
+            with ladder.rung(f"missing_branch[{core_216}]"):
+                missing_branch(ladder, args.core_216)
+        if "gpu_validate" in wanted:
+            with ladder.rung(f"gpu_validate[{core_216}]"):
+                gpu_validate(ladder, args.core_216)
+        if "pytorch_env" in wanted:
+            with ladder.rung(f"pytorch_env[{core_216}]"):
+                pytorch_env(ladder, args.core_216)
+
+    def pipeline_b() -> None:
+        if "converge" in wanted:
+            with ladder.rung(f"converge[{core_216}]"):
+                converge(ladder, args.core_216)
+        if "live" in wanted:
+            with ladder.rung(f"live_change[{core_216}]"):
+                live_change(ladder, args.core_216)
+
+    threads = [threading.Thread(target=pipeline, name=pipeline.__name__) for pipeline in (pipeline_a, pipeline_b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     if ladder.failed:
         print("failed: " + "; ".join(ladder.failed))
     if os.environ.get("HPC_TRAIN_LADDER_START"):
