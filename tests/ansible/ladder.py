@@ -224,11 +224,12 @@ def check_mode(ladder: Ladder, venv: Path, label: str) -> None:
 # ------------------------------------------------------------------------------------------------ converge
 
 
-def make_image_root(name: str, repos: Path, copy_from: Path | None = None) -> dict[str, Path]:
-    """An empty image root with the site's BaseOS mirror configured, and the build host's dnf.conf for it.
+def make_image_root(name: str, repos: Path, copy_from: Path | None = None, lock_active: bool = False) -> dict[str, Path]:
+    """An empty image root (or a copy of one) with the site's BaseOS mirror configured, and a dnf.conf for it.
 
-    The build host's versionlock plugin is off (as during a real build: the image's lock list is not the
-    build host's); verify_lock uses a second plugin config that reads the image's list, like dnf inside the image.
+    For an image build the build host's versionlock plugin is off (the image's lock list is not the build host's);
+    the verify step uses a second plugin config that reads the image's list, like dnf inside the image. A live
+    node (lock_active) is the other way round: its dnf honours its own lock list.
     """
     base = WORK / name
     shutil.rmtree(base, ignore_errors=True)
@@ -242,7 +243,8 @@ def make_image_root(name: str, repos: Path, copy_from: Path | None = None) -> di
     paths = {"root": root, "conf": base / "dnf.conf", "plugins_off": base / "plugins-off", "plugins_image": base / "plugins-image"}
     paths["conf"].write_text(
         "[main]\ngpgcheck=0\ninstallonly_limit=3\nkeepcache=0\n"
-        f"reposdir={root}/etc/yum.repos.d\nmodule_platform_id=platform:el9\npluginconfpath={paths['plugins_off']}\n")
+        f"reposdir={root}/etc/yum.repos.d\nmodule_platform_id=platform:el9\n"
+        f"pluginconfpath={paths['plugins_image'] if lock_active else paths['plugins_off']}\n")
     for key, enabled in (("plugins_off", 0), ("plugins_image", 1)):
         paths[key].mkdir()
         (paths[key] / "versionlock.conf").write_text(
@@ -420,7 +422,7 @@ def live_change(ladder: Ladder, venv: Path) -> None:
     source = WORK / "image" / "root"
     if not ladder.check("live/an installed root from the converge rung exists", (source / "var").exists()):
         return
-    node = make_image_root("live", repos, copy_from=source)
+    node = make_image_root("live", repos, copy_from=source, lock_active=True)
     machine = WORK / "live-machine"
     shutil.rmtree(machine, ignore_errors=True)
     ladder_lib.build_fixture_machine(json.loads((HERE / "fixtures" / "facts" / "el9.json").read_text()), machine)
@@ -489,6 +491,18 @@ def live_change(ladder: Ladder, venv: Path) -> None:
                  f"rc={result.returncode} updates={updates(slurm)} node={slurm['node']}\n{tail(result.stdout, 12)}")
     messages = [r["msg"] for r in records if r["task"].endswith("Report the reboot that is still needed")]
     ladder.check("live/no reboot asked: says a reboot is pending", any("it is loaded after a reboot" in m for m in messages), str(messages))
+
+    # The admin updated the kernel deliberately and rebooted: the node now runs a kernel the role's lock does not name.
+    newer = fake_repos.NEWER_KERNEL
+    result, records, slurm = play("4-after-a-kernel-update", {"node": {"name": "gpu01", "state": "IDLE", "reason": ""}, "jobs": [],
+                                                              "polls_until_done": 0},
+                                  "-e", "gpu_stack_driver_flavor=proprietary", "-e", f"gpu_preflight_kernel_version={newer}.x86_64",
+                                  "-e", f"nvidia_driver_kernel_version={newer}.x86_64")
+    lock = lock_block(node["root"])
+    ladder.check("live/after a kernel update: kernel-devel for the new kernel installed despite the old lock, lock moved to it",
+                 result.returncode == 0 and f"kernel-devel-{newer}" in rpm_packages(node["root"])
+                 and f"kernel-devel-0:{newer}.*" in lock and not any(fake_repos.KERNEL in entry for entry in lock)
+                 and updates(slurm) == [], f"rc={result.returncode} lock={lock}\n{tail(result.stdout, 12)}")
 
 
 # ------------------------------------------------------------------------------------------------ gpu_validate

@@ -19,7 +19,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KERNEL = "5.14.0-427.13.1.el9_4"  # the fake mirror's only kernel (version-release)
+KERNEL = "5.14.0-427.13.1.el9_4"  # the kernel the image is built for (version-release)
+NEWER_KERNEL = "5.14.0-503.11.1.el9_5"  # also on the mirror: what a node runs after a deliberate kernel update
 DRIVER_BRANCH = "570"
 DRIVER_VERSIONS = ["570.172.08", "570.195.03"]  # the older one is what the converge pins
 DRIVER_EPOCH = 3
@@ -161,13 +162,17 @@ def main(out_dir: Path) -> dict:
     repos = {name: out_dir / name for name in ("baseos", "epel", "cuda")}
     for repo in repos.values():
         repo.mkdir(parents=True)
-    kernel_version, kernel_release = KERNEL.split("-", 1)
+    def kernel_spec(kernel: str) -> Spec:
+        version, release = kernel.split("-", 1)
+        return Spec("fake-kernel", version, release, None, "x86_64", [
+            SubPackage("kernel-devel", files={f"/usr/src/kernels/{kernel}.x86_64/Makefile": "# stand-in\n"}),
+            SubPackage("kernel-headers", files={f"/usr/include/linux/hpc-train-stand-in-{release}.h": "/* stand-in */\n"}),
+        ])
+
     specs = {
         "baseos": [
-            Spec("fake-kernel", kernel_version, kernel_release, None, "x86_64", [
-                SubPackage("kernel-devel", files={f"/usr/src/kernels/{KERNEL}.x86_64/Makefile": "# stand-in\n"}),
-                SubPackage("kernel-headers", files={"/usr/include/linux/hpc-train-stand-in.h": "/* stand-in */\n"}),
-            ]),
+            kernel_spec(KERNEL),
+            kernel_spec(NEWER_KERNEL),
             Spec("fake-dnf-plugins", "4.3.0", "13.el9", None, "noarch", [
                 SubPackage("python3-dnf-plugin-versionlock",
                            files={"/etc/dnf/plugins/versionlock.conf": "[main]\nenabled = 1\nlocklist = /etc/dnf/plugins/versionlock.list\n",
@@ -192,7 +197,7 @@ def main(out_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="hpc-train-rpmbuild-") as workdir:
         for repo_name, repo_specs in specs.items():
             for spec in repo_specs:
-                rpms = build_rpms(spec, Path(workdir) / f"{spec.name}-{spec.version}")
+                rpms = build_rpms(spec, Path(workdir) / f"{spec.name}-{spec.version}-{spec.release}")
                 for rpm in rpms:
                     shutil.copy2(rpm, repos[repo_name] / rpm.name)
                 if spec.name == "fake-nvidia-driver":
