@@ -71,5 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     return outcome.exit_code
 
 
+def _exit_now(code: int) -> None:
+    """Exit without running C++ static destructors: the work is done and flushed, and torch's process-group
+    threads torn down at interpreter exit have aborted ranks of finished jobs (SIGABRT fails the step)."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())

@@ -15,6 +15,24 @@ from pathlib import Path
 from typing import Any
 
 
+def _exit_quietly_after_submitit() -> None:
+    """Under submitit's ``_submit``, once training succeeded: end the process with code 0 right after
+    submitit has written the result (atexit runs then), skipping C++ static destructors — torch's
+    process-group threads torn down at interpreter exit have aborted ranks of finished jobs. Only there:
+    an in-process caller (a test) keeps its own exit code."""
+    import atexit
+    import sys
+
+    if os.environ.get("SUBMITIT_EXECUTOR") in ("slurm", "local") and "submitit" in " ".join(sys.argv):
+
+        def _exit() -> None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+        atexit.register(_exit)
+
+
 class TrainJob:
     """Run one rank of a job.
 
@@ -49,6 +67,7 @@ class TrainJob:
             print(outcome.message, flush=True)
             raise SystemExit(outcome.exit_code)
         summary = outcome.summary
+        _exit_quietly_after_submitit()
         keep = ("run_dir", "dataset", "epochs", "global_step", "world_size", "group_sizes", "table")
         brief = {k: summary.get(k) for k in keep}
         for which in ("best", "last", "tau_norm"):

@@ -269,4 +269,11 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
             import torch.distributed as dist
 
             if dist.is_initialized():
+                # Leave together: rank 0 still writes the summary and the plot when the others are done,
+                # and a rank that tears gloo down while a peer is busy has been seen to abort at exit
+                # ("terminate called without an active exception"), failing a finished job.
+                try:
+                    barrier(device)
+                except Exception as exc:  # a peer is gone: nothing to wait for
+                    log.warning("final barrier failed (%s); leaving without it", exc)
                 dist.destroy_process_group()
