@@ -543,7 +543,10 @@ def jobs_export(directory: Path, force: bool) -> None:
 @click.option("--limit", "-l", help="Only these hosts/groups (ansible --limit).")
 @click.option("--tags", help="Only these tags (ansible --tags).")
 @click.option("--playbook", default="site.yml", show_default=True, help="Playbook under ansible/.")
-def provision(inventory: Path, check: bool, limit: str | None, tags: str | None, playbook: str) -> None:
+@click.option("--extra-vars", "-e", "extra_vars", multiple=True, metavar="KEY=VALUE",
+              help="Passed to ansible-playbook -e (repeatable), e.g. -e nvidia_driver_allow_change=true.")
+def provision(inventory: Path, check: bool, limit: str | None, tags: str | None, playbook: str,
+              extra_vars: tuple[str, ...]) -> None:
     """Install the NVIDIA driver, CUDA, NCCL and PyTorch on EL GPU nodes and make them Slurm GPU nodes.
 
     Runs ansible-playbook with the project's ansible.cfg (needs the 'ansible' extra).
@@ -552,10 +555,12 @@ def provision(inventory: Path, check: bool, limit: str | None, tags: str | None,
     Examples:
       hpc-train provision -i inventories/prod --check
       hpc-train provision -i inventories/prod --limit gpu_nodes --tags driver
+      hpc-train provision -i inventories/prod --limit gpu07 -e nvidia_driver_allow_change=true
     """
     from .provision import provision as run_provision
 
-    code = run_provision(inventory, check=check, limit=limit, tags=tags, playbook=playbook)
+    extra_args = [arg for value in extra_vars for arg in ("-e", value)]
+    code = run_provision(inventory, check=check, limit=limit, tags=tags, playbook=playbook, extra_args=extra_args)
     if code:
         sys.exit(1)
 

@@ -132,8 +132,9 @@ class SlurmConfig:
     """Extra ``#SBATCH`` keys: ``{mail-type: END}`` → ``#SBATCH --mail-type=END``; ``true`` → bare flag."""
     master_port_base: int = 20000
     """MASTER_PORT = base + (job id [+ array task id]) mod ``master_port_span``, bind-checked on node 1."""
-    master_port_span: int = 20000
-    """Range of candidate MASTER_PORTs; keep base+span under the kernel's ephemeral range (32768)."""
+    master_port_span: int = 12000
+    """Range of candidate MASTER_PORTs (20000-31999 by default): below the kernel's ephemeral ports (32768
+    and up), and the range the Ansible role opens in the firewall (slurm_gpu_node_rendezvous_port_range)."""
 
     @property
     def ranks_per_node(self) -> int:

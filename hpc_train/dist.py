@@ -29,7 +29,7 @@ from .errors import HpcTrainError
 Source = Literal["torchrun", "slurm", "submitit-local", "single"]
 
 DEFAULT_PORT_BASE = 20000
-DEFAULT_PORT_SPAN = 20000
+DEFAULT_PORT_SPAN = 12000
 
 
 class DistError(HpcTrainError):

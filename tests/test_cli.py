@@ -136,3 +136,32 @@ def test_submit_dry_run_local_says_what_it_would_do(tmp_path):
     result = run("submit", "--cluster", "local", "--dry-run", cwd=tmp_path)
     assert result.returncode == 0 and "would run 2 local rank(s)" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_provision_passes_options_to_ansible_playbook(tmp_path):
+    """The real provision() path, with a stand-in ansible-playbook on PATH that records its argv/env."""
+    stub_dir = tmp_path / "bin"
+    stub_dir.mkdir()
+    record = tmp_path / "argv"
+    (stub_dir / "ansible-playbook").write_text(
+        f"#!/bin/bash\nprintf '%s\\n' \"$@\" > {record}\necho \"$ANSIBLE_CONFIG\" >> {record}\nexit 3\n")
+    (stub_dir / "ansible-playbook").chmod(0o755)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all: {}\n")
+    env = {"PATH": f"{stub_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = run("provision", "-i", str(inventory), "--check", "--limit", "gpu07", "--tags", "driver",
+                 "-e", "nvidia_driver_allow_change=true", "-e", "a=b c", cwd=tmp_path, env=env)
+    assert result.returncode == 1  # ansible-playbook failed (3): the job failed, exit 1
+    lines = record.read_text().splitlines()
+    assert lines[:2] == ["-i", str(inventory)] and lines[2].endswith("ansible/site.yml")
+    assert lines[3:-1] == ["--check", "--diff", "--limit", "gpu07", "--tags", "driver",
+                           "-e", "nvidia_driver_allow_change=true", "-e", "a=b c"]
+    assert lines[-1].endswith("ansible/ansible.cfg")
+
+
+def test_provision_without_ansible_says_which_extra(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all: {}\n")
+    result = run("provision", "-i", str(inventory), cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert result.returncode == 2 and "pip install 'hpc-train[ansible]'" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -42,6 +42,8 @@ def test_wheel_without_torch(tmp_path):
         [str(venv / "bin/python"), "-c",
          "import importlib.util, hpc_train.resources as r; "
          "print(importlib.util.find_spec('torch') is None, r.templates_dir().is_dir(), "
-         "(r.ansible_dir() / 'ansible.cfg').is_file(), 'site-packages' in str(r.jobs_dir()))"],
+         "all((r.ansible_dir() / p).is_file() for p in ('ansible.cfg', 'site.yml', "
+         "'roles/nvidia_driver/meta/argument_specs.yml', 'inventories/example/group_vars/all/gpu_stack.yml', "
+         "'roles/gpu_validate/files/nccl_allreduce.py')), 'site-packages' in str(r.jobs_dir()))"],
         capture_output=True, text=True, cwd=work, env=env, check=True)
     assert probe.stdout.split() == ["True", "True", "True", "True"]

@@ -63,7 +63,7 @@ RUN_DIR=/shared/project/runs/cifar100-lt/"$RUN_ID"
 mkdir -p "$RUN_DIR/logs"
 export HPC_TRAIN_RUN_DIR="$RUN_DIR"
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_A6B2AB3E2423'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_CCF27C999DC4'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -103,7 +103,7 @@ slurm:
     mail-type: END
     hint: nomultithread
   master_port_base: 20000
-  master_port_span: 20000
+  master_port_span: 12000
 train:
   device: auto
   strategy: ddp
@@ -178,7 +178,7 @@ train:
     crt_lr: 0.2
     crt_sampler: class_balanced
     tau_norm: false
-HPC_TRAIN_JOB_A6B2AB3E2423
+HPC_TRAIN_JOB_CCF27C999DC4
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then
@@ -202,7 +202,7 @@ export MASTER_ADDR
 # on it. SO_REUSEADDR as torch's TCPStore sets it: connections left in TIME_WAIT by an earlier run (a
 # requeue keeps the job id) do not make a port busy.
 port_base=20000
-port_span=20000
+port_span=12000
 port_offset=$(( (${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} + ${SLURM_ARRAY_TASK_ID:-0}) % port_span ))
 for _ in $(seq 1 100); do
     MASTER_PORT=$(( port_base + port_offset ))
