@@ -25,12 +25,29 @@ from .samplers import GlobalSampler, derive_seed, eval_shard
 
 
 class DeviceImages:
-    """An in-memory split on the device, with batched augmentation."""
+    """An in-memory split on the device, with batched augmentation.
+
+    For random crops the split is zero-padded once, at upload, and viewed (``as_strided``, no copy) as
+    ``N × (2p+1) × (2p+1) × C × H × W``: every image at every crop offset. A batch of crops is then one
+    gather, ``windows[idx, dy, dx]``, instead of per-pixel index arithmetic (38× faster on a CPU for a
+    batch of 128 CIFAR images; see BENCHMARKS.md). The padding costs (1 + 2p/H)² of the uint8 bytes
+    (1.56× for CIFAR) and only the training split gets it.
+    """
 
     def __init__(self, split: ArraySplit, device: torch.device, *, mean: tuple[float, ...], std: tuple[float, ...],
                  crop_padding: int, flip: bool, channels_last: bool) -> None:
         self.device = device
-        self.images = torch.from_numpy(split.images).to(device)
+        images = torch.from_numpy(split.images)
+        p = crop_padding
+        self.windows: Tensor | None = None
+        if p > 0:
+            n, c, h, w = images.shape
+            padded = torch.nn.functional.pad(images, (p, p, p, p)).to(device)  # zeros, as RandomCrop(padding=p)
+            sn, sc, sh, sw = padded.stride()
+            self.windows = padded.as_strided((n, 2 * p + 1, 2 * p + 1, c, h, w), (sn, sh, sw, sc, sh, sw))
+            self.images = padded[:, :, p:p + h, p:p + w]  # the unpadded images, a view of the same memory
+        else:
+            self.images = images.to(device)
         self.labels = torch.from_numpy(split.labels).to(device)
         self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
@@ -40,22 +57,22 @@ class DeviceImages:
         return len(self.labels)
 
     def _normalise(self, x: Tensor) -> Tensor:
-        x = (x.float().div_(255.0) - self.mean) / self.std
+        # torchvision's ToTensor + Normalize, operation for operation (so the result is bit-identical),
+        # in place on the one float copy.
+        x = x.float().div_(255.0).sub_(self.mean).div_(self.std)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
     def augmented(self, idx: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
         b = len(idx)
         idx_dev = idx.to(self.device, non_blocking=True)
-        x = self.images[idx_dev]
-        _, c, h, w = x.shape
-        p = self.crop_padding
-        if p > 0:
-            offsets = torch.randint(0, 2 * p + 1, (b, 2), generator=gen).to(self.device, non_blocking=True)
-            padded = torch.nn.functional.pad(x, (p, p, p, p))
-            rows = (offsets[:, 0:1] + torch.arange(h, device=self.device))[:, None, :, None]
-            cols = (offsets[:, 1:2] + torch.arange(w, device=self.device))[:, None, None, :]
-            x = padded[torch.arange(b, device=self.device)[:, None, None, None],
-                       torch.arange(c, device=self.device)[None, :, None, None], rows, cols]
+        if self.windows is not None:
+            # Offsets are drawn first and flips second, on the CPU generator: the same stream as before,
+            # so a resumed run sees the same augmentations on any device.
+            offsets = torch.randint(0, 2 * self.crop_padding + 1, (b, 2), generator=gen).to(self.device,
+                                                                                              non_blocking=True)
+            x = self.windows[idx_dev, offsets[:, 0], offsets[:, 1]]  # (b, C, H, W): crop at (top, left)
+        else:
+            x = self.images[idx_dev]
         if self.flip:
             flips = (torch.rand(b, generator=gen) < 0.5).to(self.device, non_blocking=True)
             x = torch.where(flips[:, None, None, None], x.flip(3), x)
@@ -146,7 +163,9 @@ class Feed:
     def _device_split(self, which: str) -> DeviceImages:
         if which not in self._mem:
             split = getattr(self.data, which)
-            self._mem[which] = DeviceImages(split, self.device, **self._aug)
+            # Only training batches are augmented: evaluation splits are stored unpadded.
+            aug = self._aug if which == "train" else {**self._aug, "crop_padding": 0, "flip": False}
+            self._mem[which] = DeviceImages(split, self.device, **aug)
         return self._mem[which]
 
     def _to_device(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
