@@ -109,10 +109,8 @@ def _job_path(job: str | None) -> Path | None:
 
 
 def _resolve(kwargs: dict[str, Any]):
-    from .config import resolve_job
-
-    flags = {key: kwargs.get(opt) for opt, key in _FLAG_KEYS.items()}
-    return resolve_job(_job_path(kwargs.get("job")), sets=kwargs.get("sets", ()), flags=flags)
+    spec, sources, _ = _resolve_with_sweep(kwargs)
+    return spec, sources
 
 
 def _echo_json(data: Any) -> None:
