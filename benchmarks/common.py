@@ -229,12 +229,13 @@ def cifar_lt_counts(max_per_class: int, num_classes: int = 10, imbalance_factor:
 
 
 def cifar_shaped_lt(max_per_class: int = 5000, *, num_classes: int = 10, imbalance_factor: float = 100.0,
-                    test_per_class: int = 100, seed: int = 0):
+                    test_per_class: int = 100, seed: int = 0, multiple_of: int = 1):
     """A CIFAR-shaped long-tailed data set (uint8 3×32×32, LDAM-DRW's class counts; at 5,000 per class
     and IF 100: CIFAR-10-LT's 12,406 training images), in the ``DataSource`` form our trainer takes.
 
     The pixels are random (class-tinted, so a model has something to fit): speed does not depend on
     them, and drawing them takes a fraction of a second, unlike the project's ``synthetic-lt`` set.
+    ``multiple_of`` adds images to the head class until the total divides by it (whole batches only).
     """
     import numpy as np
 
@@ -249,7 +250,9 @@ def cifar_shaped_lt(max_per_class: int = 5000, *, num_classes: int = 10, imbalan
         images += tint[labels]
         return ArraySplit(images, labels)
 
-    train = split(cifar_lt_counts(max_per_class, num_classes, imbalance_factor))
+    counts = cifar_lt_counts(max_per_class, num_classes, imbalance_factor)
+    counts[0] += -sum(counts) % multiple_of
+    train = split(counts)
     test = split([test_per_class] * num_classes)
     return DataSource("cifar-shaped-lt", num_classes, train, test, None, CIFAR_MEAN, CIFAR_STD, 3, 32,
                       [str(i) for i in range(num_classes)])

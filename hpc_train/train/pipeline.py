@@ -14,6 +14,7 @@ Their worker RNG is not restored on resume (documented in docs/training.md).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterator
 
 import torch
@@ -22,6 +23,22 @@ from torch import Tensor
 
 from .datasets import ArraySplit, DataSource, FileSplit
 from .samplers import GlobalSampler, derive_seed, eval_shard
+
+
+@contextlib.contextmanager
+def _one_cpu_thread(device: torch.device) -> Iterator[None]:
+    """Run a batch's augmentation ops on one CPU thread. They are ~1 ms for 128 CIFAR images either
+    way, but each op on several OpenMP threads waits for all of them to be scheduled: on a busy node a
+    batch took 10-50 ms that way (BENCHMARKS.md). Switching the count costs about a microsecond."""
+    threads = torch.get_num_threads() if device.type == "cpu" else 1
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class DeviceImages:
@@ -63,6 +80,10 @@ class DeviceImages:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
     def augmented(self, idx: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+        with _one_cpu_thread(self.device):
+            return self._augmented(idx, gen)
+
+    def _augmented(self, idx: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
         b = len(idx)
         idx_dev = idx.to(self.device, non_blocking=True)
         if self.windows is not None:
@@ -79,8 +100,9 @@ class DeviceImages:
         return self._normalise(x), self.labels[idx_dev]
 
     def plain(self, idx: Tensor) -> tuple[Tensor, Tensor]:
-        idx_dev = idx.to(self.device, non_blocking=True)
-        return self._normalise(self.images[idx_dev]), self.labels[idx_dev]
+        with _one_cpu_thread(self.device):
+            idx_dev = idx.to(self.device, non_blocking=True)
+            return self._normalise(self.images[idx_dev]), self.labels[idx_dev]
 
 
 # --------------------------------------------------------------------------------------------------
