@@ -52,9 +52,11 @@ class ClassCounter:
     def update(self, predictions: Tensor, targets: Tensor) -> None:
         # one_hot + sum rather than bincount: CUDA's bincount uses atomics and is refused under
         # deterministic algorithms; a sum over the batch is exact for integers either way.
-        hits = predictions == targets
-        self.table[1] += F.one_hot(targets, self.num_classes).sum(0)
-        self.table[0] += F.one_hot(targets[hits], self.num_classes).sum(0)
+        # Hits weight the one-hot rows instead of selecting them: a boolean-mask selection has a
+        # data-dependent size, which makes the host wait for the GPU at every evaluation batch.
+        per_target = F.one_hot(targets, self.num_classes)
+        self.table[1] += per_target.sum(0)
+        self.table[0] += (per_target * (predictions == targets).unsqueeze(1)).sum(0)
 
     def all_reduce(self) -> "ClassCounter":
         if dist.is_available() and dist.is_initialized():

@@ -79,30 +79,35 @@ class DeviceImages:
         x = x.float().div_(255.0).sub_(self.mean).div_(self.std)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
+    def draw(self, b: int, gen: torch.Generator) -> tuple[Tensor | None, Tensor | None]:
+        """A batch's random crop offsets ``(b, 2)`` (top, left) and flips ``(b,)``, on the CPU generator:
+        offsets first, flips second, so a resumed run sees the same augmentations on any device."""
+        offsets = torch.randint(0, 2 * self.crop_padding + 1, (b, 2), generator=gen) if self.windows is not None else None
+        flips = torch.rand(b, generator=gen) < 0.5 if self.flip else None
+        return offsets, flips
+
+    def apply(self, idx: Tensor, offsets: Tensor | None, flips: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The augmented, normalised batch of ``idx`` given its draws (all three on this device)."""
+        with _one_cpu_thread(self.device):
+            if offsets is not None:
+                x = self.windows[idx, offsets[:, 0], offsets[:, 1]]  # (b, C, H, W): the crop at (top, left)
+            else:
+                x = self.images[idx]
+            if flips is not None:
+                x = torch.where(flips[:, None, None, None], x.flip(3), x)
+            return self._normalise(x), self.labels[idx]
+
     def augmented(self, idx: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-        with _one_cpu_thread(self.device):
-            return self._augmented(idx, gen)
+        offsets, flips = self.draw(len(idx), gen)
+        to = lambda t: None if t is None else t.to(self.device, non_blocking=True)  # noqa: E731
+        return self.apply(to(idx), to(offsets), to(flips))
 
-    def _augmented(self, idx: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-        b = len(idx)
-        idx_dev = idx.to(self.device, non_blocking=True)
-        if self.windows is not None:
-            # Offsets are drawn first and flips second, on the CPU generator: the same stream as before,
-            # so a resumed run sees the same augmentations on any device.
-            offsets = torch.randint(0, 2 * self.crop_padding + 1, (b, 2), generator=gen).to(self.device,
-                                                                                              non_blocking=True)
-            x = self.windows[idx_dev, offsets[:, 0], offsets[:, 1]]  # (b, C, H, W): crop at (top, left)
-        else:
-            x = self.images[idx_dev]
-        if self.flip:
-            flips = (torch.rand(b, generator=gen) < 0.5).to(self.device, non_blocking=True)
-            x = torch.where(flips[:, None, None, None], x.flip(3), x)
-        return self._normalise(x), self.labels[idx_dev]
-
-    def plain(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+    def plain(self, idx: Tensor | slice) -> tuple[Tensor, Tensor]:
+        """Normalised images of ``idx``: an index tensor, or a slice (a view: nothing to copy to the device)."""
         with _one_cpu_thread(self.device):
-            idx_dev = idx.to(self.device, non_blocking=True)
-            return self._normalise(self.images[idx_dev]), self.labels[idx_dev]
+            if isinstance(idx, Tensor):
+                idx = idx.to(self.device, non_blocking=True)
+            return self._normalise(self.images[idx]), self.labels[idx]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -212,11 +217,7 @@ class Feed:
     def train_batches(self, sampler: GlobalSampler, epoch: int, batch_per_rank: int,
                       start_step: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         if self.data.in_memory:
-            images = self._device_split("train")
-            for step, idx in enumerate(sampler.batches(epoch, self.rank, self.world_size, batch_per_rank, start_step),
-                                       start_step):
-                gen = torch.Generator().manual_seed(derive_seed("augment", self.seed, epoch, step, self.rank))
-                yield images.augmented(idx, gen)
+            yield from self._memory_train_batches(sampler, epoch, batch_per_rank, start_step)
             return
         key = ("train", id(sampler), batch_per_rank)
         if key not in self._loaders:
@@ -228,6 +229,32 @@ class Feed:
         for x, y in loader:
             yield self._to_device(x, y)
 
+    def _memory_train_batches(self, sampler: GlobalSampler, epoch: int, batch_per_rank: int,
+                              start_step: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """The epoch's indices and augmentation draws are made on the CPU up front (from the same per-step
+        generators as one batch at a time) and copied to the device once: no host-to-device copy per
+        step, which on a GPU would also wait for the step before it."""
+        images = self._device_split("train")
+        batches = list(sampler.batches(epoch, self.rank, self.world_size, batch_per_rank, start_step))
+        if not batches:
+            return
+        draws = [images.draw(len(idx), torch.Generator().manual_seed(
+            derive_seed("augment", self.seed, epoch, step, self.rank))) for step, idx in enumerate(batches, start_step)]
+        epoch_idx = self._upload(torch.cat(batches))
+        offsets = None if draws[0][0] is None else self._upload(torch.cat([d[0] for d in draws]))
+        flips = None if draws[0][1] is None else self._upload(torch.cat([d[1] for d in draws]))
+        start = 0
+        for idx in batches:
+            part = slice(start, start + len(idx))
+            start += len(idx)
+            yield images.apply(epoch_idx[part], None if offsets is None else offsets[part],
+                               None if flips is None else flips[part])
+
+    def _upload(self, t: Tensor) -> Tensor:
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
     def eval_batches(self, which: str, batch: int) -> Iterator[tuple[Tensor, Tensor]]:
         split = getattr(self.data, which)
         shard = eval_shard(len(split), self.rank, self.world_size)
@@ -235,7 +262,7 @@ class Feed:
             images = self._device_split(which)
             for start in range(0, len(shard), batch):
                 r = shard[start: start + batch]
-                yield images.plain(torch.arange(r.start, r.stop, r.step))
+                yield images.plain(slice(r.start, r.stop, r.step))  # a strided view: no index copy
             return
         key = (which, batch)
         if key not in self._loaders:
