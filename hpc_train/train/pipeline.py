@@ -44,25 +44,30 @@ def _one_cpu_thread(device: torch.device) -> Iterator[None]:
 class DeviceImages:
     """An in-memory split on the device, with batched augmentation.
 
-    For random crops the split is zero-padded once, at upload, and viewed (``as_strided``, no copy) as
-    ``N × (2p+1) × (2p+1) × C × H × W``: every image at every crop offset. A batch of crops is then one
-    gather, ``windows[idx, dy, dx]``, instead of per-pixel index arithmetic (38× faster on a CPU for a
-    batch of 128 CIFAR images; see BENCHMARKS.md). The padding costs (1 + 2p/H)² of the uint8 bytes
-    (1.56× for CIFAR) and only the training split gets it.
+    For training the split is zero-padded once, at upload, stored in both orientations (as is and
+    mirrored) and viewed (``as_strided``, no copy) as ``N × 2 × (2p+1) × (2p+1) × C × H × W``: every
+    image, flipped or not, at every crop offset. A batch of random crops and flips is then one gather,
+    ``windows[idx, flip, top, left]``, instead of per-pixel index arithmetic plus a masked flip (about
+    50× faster on a CPU for 128 CIFAR images than the per-pixel indexing it replaced; BENCHMARKS.md).
+    The cost is memory: 2 × (1 + 2p/H)² of the uint8 bytes (3.1× for CIFAR: 190 MB for all 50,000
+    CIFAR training images), training split only; without flips one orientation, without padding none.
     """
 
     def __init__(self, split: ArraySplit, device: torch.device, *, mean: tuple[float, ...], std: tuple[float, ...],
                  crop_padding: int, flip: bool, channels_last: bool) -> None:
         self.device = device
         images = torch.from_numpy(split.images)
+        n, c, h, w = images.shape
         p = crop_padding
         self.windows: Tensor | None = None
-        if p > 0:
-            n, c, h, w = images.shape
-            padded = torch.nn.functional.pad(images, (p, p, p, p)).to(device)  # zeros, as RandomCrop(padding=p)
-            sn, sc, sh, sw = padded.stride()
-            self.windows = padded.as_strided((n, 2 * p + 1, 2 * p + 1, c, h, w), (sn, sh, sw, sc, sh, sw))
-            self.images = padded[:, :, p:p + h, p:p + w]  # the unpadded images, a view of the same memory
+        if p > 0 or flip:
+            padded = torch.nn.functional.pad(images, (p, p, p, p))  # zeros, as RandomCrop(padding=p)
+            both = torch.stack([padded, padded.flip(3)], 1) if flip else padded.unsqueeze(1)
+            both = both.to(device)
+            sn, sf, sc, sh, sw = both.stride()
+            self.windows = both.as_strided((n, both.shape[1], 2 * p + 1, 2 * p + 1, c, h, w),
+                                           (sn, sf, sh, sw, sc, sh, sw))
+            self.images = both[:, 0, :, p:p + h, p:p + w]  # the unpadded images, a view of the same memory
         else:
             self.images = images.to(device)
         self.labels = torch.from_numpy(split.labels).to(device)
@@ -79,28 +84,32 @@ class DeviceImages:
         x = x.float().div_(255.0).sub_(self.mean).div_(self.std)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
-    def draw(self, b: int, gen: torch.Generator) -> tuple[Tensor | None, Tensor | None]:
-        """A batch's random crop offsets ``(b, 2)`` (top, left) and flips ``(b,)``, on the CPU generator:
-        offsets first, flips second, so a resumed run sees the same augmentations on any device."""
-        offsets = torch.randint(0, 2 * self.crop_padding + 1, (b, 2), generator=gen) if self.windows is not None else None
-        flips = torch.rand(b, generator=gen) < 0.5 if self.flip else None
-        return offsets, flips
+    def draw(self, b: int, gen: torch.Generator) -> Tensor | None:
+        """A batch's augmentation as window coordinates ``(b, 3)``: flip, top, left — from the CPU
+        generator, crop offsets first and flips second (torchvision's order: crop, then flip the crop),
+        so a resumed run sees the same augmentations on any device. None without augmentation."""
+        if self.windows is None:
+            return None
+        p = self.crop_padding
+        offsets = torch.randint(0, 2 * p + 1, (b, 2), generator=gen) if p > 0 else torch.zeros(b, 2, dtype=torch.int64)
+        flips = (torch.rand(b, generator=gen) < 0.5).long() if self.flip else torch.zeros(b, dtype=torch.int64)
+        # Cropping at `left` and then mirroring is the mirrored padded image cropped at 2p - left.
+        left = torch.where(flips.bool(), 2 * p - offsets[:, 1], offsets[:, 1])
+        return torch.stack([flips, offsets[:, 0], left], 1)
 
-    def apply(self, idx: Tensor, offsets: Tensor | None, flips: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The augmented, normalised batch of ``idx`` given its draws (all three on this device)."""
+    def apply(self, idx: Tensor, coords: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The augmented, normalised batch of ``idx`` given its :meth:`draw` (both on this device)."""
         with _one_cpu_thread(self.device):
-            if offsets is not None:
-                x = self.windows[idx, offsets[:, 0], offsets[:, 1]]  # (b, C, H, W): the crop at (top, left)
-            else:
+            if coords is None:
                 x = self.images[idx]
-            if flips is not None:
-                x = torch.where(flips[:, None, None, None], x.flip(3), x)
+            else:
+                x = self.windows[idx, coords[:, 0], coords[:, 1], coords[:, 2]]  # (b, C, H, W)
             return self._normalise(x), self.labels[idx]
 
     def augmented(self, idx: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-        offsets, flips = self.draw(len(idx), gen)
-        to = lambda t: None if t is None else t.to(self.device, non_blocking=True)  # noqa: E731
-        return self.apply(to(idx), to(offsets), to(flips))
+        coords = self.draw(len(idx), gen)
+        return self.apply(idx.to(self.device, non_blocking=True),
+                          None if coords is None else coords.to(self.device, non_blocking=True))
 
     def plain(self, idx: Tensor | slice) -> tuple[Tensor, Tensor]:
         """Normalised images of ``idx``: an index tensor, or a slice (a view: nothing to copy to the device)."""
@@ -241,14 +250,12 @@ class Feed:
         draws = [images.draw(len(idx), torch.Generator().manual_seed(
             derive_seed("augment", self.seed, epoch, step, self.rank))) for step, idx in enumerate(batches, start_step)]
         epoch_idx = self._upload(torch.cat(batches))
-        offsets = None if draws[0][0] is None else self._upload(torch.cat([d[0] for d in draws]))
-        flips = None if draws[0][1] is None else self._upload(torch.cat([d[1] for d in draws]))
+        coords = None if draws[0] is None else self._upload(torch.cat(draws))
         start = 0
         for idx in batches:
             part = slice(start, start + len(idx))
             start += len(idx)
-            yield images.apply(epoch_idx[part], None if offsets is None else offsets[part],
-                               None if flips is None else flips[part])
+            yield images.apply(epoch_idx[part], None if coords is None else coords[part])
 
     def _upload(self, t: Tensor) -> Tensor:
         if self.device.type == "cuda":
