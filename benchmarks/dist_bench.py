@@ -28,7 +28,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "benchmarks"
 
-from benchmarks.common import PYTHON, REPO, abba_order, child_env, cifar_shaped_lt, free_port, median, spread, timer  # noqa: E402,E501
+from benchmarks.common import (  # noqa: E402
+    PYTHON, REPO, abba_order, child_env, cifar_shaped_lt, free_port, median, spread, timer)
 
 TRAIN_MAX_PER_CLASS = 500  # 1,240 training images before rounding up to whole batches
 BATCH = 128
@@ -157,7 +158,8 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
 
         ddp = trainer.train_model
         logging_data = ddp._get_ddp_logging_data()
-        ddp_info = {"bucket_cap_mb": ddp.bucket_bytes_cap / 2**20, "first_bucket_mb": _DEFAULT_FIRST_BUCKET_BYTES / 2**20,
+        ddp_info = {"bucket_cap_mb": ddp.bucket_bytes_cap / 2**20,
+                    "first_bucket_mb": _DEFAULT_FIRST_BUCKET_BYTES / 2**20,
                     "gradient_as_bucket_view": ddp.gradient_as_bucket_view, "static_graph": ddp.static_graph,
                     "bucket_sizes_bytes": logging_data.get("bucket_sizes"),
                     "backend": dist.get_backend()}

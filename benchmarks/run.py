@@ -121,11 +121,13 @@ def table(results: dict[str, Any]) -> str:
     if "cli_startup" in results:
         c = results["cli_startup"]
         rows.append(("CLI start-up (s)", f"{med(c, 'hpc_train_render_wall_s'):.3f} render",
-                     f"{med(c, 'python_import_torch_wall_s'):.3f} import torch / {med(c, 'python_pass_wall_s'):.3f} pass",
+                     f"{med(c, 'python_import_torch_wall_s'):.3f} import torch / "
+                     f"{med(c, 'python_pass_wall_s'):.3f} pass",
                      f"{c['render_vs_torch_import']:.3f} of torch import (goal <= 0.10)"))
     if "input_pipeline" in results:
         p = results["input_pipeline"]
-        rows.append(("Input pipeline (img/s)", f"{med(p, 'ours_images_per_s'):,.0f} (NHWC {med(p, 'ours_channels_last_images_per_s'):,.0f})",
+        rows.append(("Input pipeline (img/s)",
+                     f"{med(p, 'ours_images_per_s'):,.0f} (NHWC {med(p, 'ours_channels_last_images_per_s'):,.0f})",
                      f"{med(p, 'reference_images_per_s'):,.0f}", f"{p['speedup']:.1f}x (goal >= 10x)"))
     if "train_epoch" in results:
         t = results["train_epoch"]
@@ -137,12 +139,14 @@ def table(results: dict[str, Any]) -> str:
                      f"{t['speedup_ours_channels_last']:.2f}x" + (f" (NCHW {t['speedup_ours']:.2f}x)" if nchw else "")
                      + " (goal >= 1.2x)"))
         rows.append(("Train peak memory (MiB)",
-                     f"RSS {t['ours_channels_last_peak_rss_mb']:.0f}, PSS {t['ours_channels_last_peak_pss_with_workers_mb']:.0f}",
+                     f"RSS {t['ours_channels_last_peak_rss_mb']:.0f}, "
+                     f"PSS {t['ours_channels_last_peak_pss_with_workers_mb']:.0f}",
                      f"RSS {t['reference_peak_rss_mb']:.0f}, PSS+workers {t['reference_peak_pss_with_workers_mb']:.0f}",
                      f"{results['ratios']['train_peak_pss_ours_vs_reference']:.2f}x (PSS)"))
     if "dist" in results:
         d = results["dist"]
-        rows.append(("Exact eval, ws2 vs ws1 (s)", f"{med(d, 'eval_ws2_wall_s'):.2f}", f"{med(d, 'eval_ws1_wall_s'):.2f}",
+        rows.append(("Exact eval, ws2 vs ws1 (s)", f"{med(d, 'eval_ws2_wall_s'):.2f}",
+                     f"{med(d, 'eval_ws1_wall_s'):.2f}",
                      f"{d['eval_ws2_vs_ws1']:.2f}x time; identical per-class: {d['eval_identical_per_class']}"))
         rows.append(("DDP step, 2x64 vs 1x128 (s)", f"{med(d, 'step_ws2_s'):.3f}", f"{med(d, 'step_ws1_s'):.3f}",
                      f"{d['ddp_step_ratio']:.2f}x step time"))

@@ -12,7 +12,7 @@ from benchmarks.common import CIFAR_MEAN, CIFAR_STD, cifar_shaped_lt  # noqa: E4
 from hpc_train.train.pipeline import DeviceImages  # noqa: E402
 from hpc_train.train.samplers import GlobalSampler  # noqa: E402
 
-from .replay import ReplayDataset, epoch_params, our_draws  # noqa: E402
+from .replay import ReplayDataset, epoch_params  # noqa: E402
 
 PAD = 4
 
