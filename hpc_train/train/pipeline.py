@@ -49,8 +49,8 @@ class DeviceImages:
     image, flipped or not, at every crop offset. A batch of random crops and flips is then one gather,
     ``windows[idx, flip, top, left]``, instead of per-pixel index arithmetic plus a masked flip (about
     50× faster on a CPU for 128 CIFAR images than the per-pixel indexing it replaced; BENCHMARKS.md).
-    The cost is memory: 2 × (1 + 2p/H)² of the uint8 bytes (3.1× for CIFAR: 190 MB for all 50,000
-    CIFAR training images), training split only; without flips one orientation, without padding none.
+    The cost is memory: 2 × (1 + 2p/H)² of the uint8 bytes (3.1× for CIFAR: 119 MB for CIFAR-10-LT's
+    12,406 training images, 480 MB for all 50,000), training split only; without flips one orientation.
     """
 
     def __init__(self, split: ArraySplit, device: torch.device, *, mean: tuple[float, ...], std: tuple[float, ...],
