@@ -28,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="override a config value, e.g. --set train.epochs=10 (repeatable)")
     parser.add_argument("--dry-run", action="store_true",
                         help="build data, model, sampler and loss, print the plan, exit without training")
+    parser.add_argument("--resolved", action="store_true",
+                        help="JOB.yaml is already fully resolved (the sbatch script's copy): do not layer the "
+                             "site file under it again (it may not exist on compute nodes)")
     parser.add_argument("--run-dir", metavar="DIR", default=None,
                         help="run directory (default: $HPC_TRAIN_RUN_DIR, else <runs_dir>/<name>/local-<time>)")
     return parser
@@ -43,11 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse has printed usage; --help exits 0
         return int(exc.code or 0)
 
-    from hpc_train.config import resolve_job
+    from hpc_train.config import SiteConfig, resolve_job
     from hpc_train.errors import HpcTrainError
 
     try:
-        spec, sources = resolve_job(Path(args.job), sets=args.sets)
+        site = SiteConfig(path=None, defaults={}, template_dirs=()) if args.resolved else None
+        spec, sources = resolve_job(Path(args.job), sets=args.sets, site=site)
         preempt.install(spec.slurm.signal)
         from hpc_train.train import launch  # imports torch
 

@@ -111,7 +111,7 @@ class TorchrunJob(TrainJob):
             f"--nnodes={env['SLURM_JOB_NUM_NODES']}", f"--nproc-per-node={spec.slurm.ranks_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={env['MASTER_ADDR']}:{env['MASTER_PORT']}",
             f"--rdzv-id={env['SLURM_JOB_ID']}", "--max-restarts=0",
-            "-m", "hpc_train.train", str(run_dir / "job.yaml"),
+            "-m", "hpc_train.train", "--resolved", str(run_dir / "job.yaml"),
         ]
         returncode = subprocess.run(command, check=False).returncode
         try:

@@ -226,7 +226,7 @@ srun --kill-on-bad-exit=1 --wait=60 \
     --container-mounts=/shared/project/runs \
     --container-workdir="$PWD" \
     --output="$RUN_DIR/logs/rank-%t.log" \
-    "$PYTHON" -u -m hpc_train.train "$RUN_DIR/job.yaml"
+    "$PYTHON" -u -m hpc_train.train --resolved "$RUN_DIR/job.yaml"
 status=$?
 set -e
 echo "hpc-train: srun exited with status $status"

@@ -222,7 +222,7 @@ set +e
 srun --kill-on-bad-exit=1 --wait=60 \
     --ntasks-per-node=8 --cpus-per-task=8 \
     --output="$RUN_DIR/logs/rank-%t.log" \
-    "$PYTHON" -u -m hpc_train.train "$RUN_DIR/job.yaml"
+    "$PYTHON" -u -m hpc_train.train --resolved "$RUN_DIR/job.yaml"
 status=$?
 set -e
 echo "hpc-train: srun exited with status $status"

@@ -232,7 +232,7 @@ srun --kill-on-bad-exit=1 --wait=60 --ntasks-per-node=1 --cpus-per-task=64 \
         --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node=8 \
         --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
         --max-restarts=0 \
-        -m hpc_train.train "$RUN_DIR/job.yaml" &
+        -m hpc_train.train --resolved "$RUN_DIR/job.yaml" &
 srun_pid=$!
 # `wait` returns early when the trap fires; keep waiting until srun itself has ended.
 while true; do

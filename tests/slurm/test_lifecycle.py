@@ -330,9 +330,9 @@ def test_crashing_rank_is_named(slurm_cluster, work):
     site_dir = work / "crash-site"
     (site_dir / "partials").mkdir(parents=True)
     original = (templates_dir() / "partials" / "launch_srun.j2").read_text()
-    crashing = original.replace('    "$PYTHON" -u -m hpc_train.train "$RUN_DIR/job.yaml"',
+    crashing = original.replace('    "$PYTHON" -u -m hpc_train.train --resolved "$RUN_DIR/job.yaml"',
                                 '    bash -c \'if [ "$SLURM_PROCID" = 3 ]; then echo "boom on $(hostname)" >&2; exit 7; fi; '
-                                'exec "$@"\' crash "$PYTHON" -u -m hpc_train.train "$RUN_DIR/job.yaml"')
+                                'exec "$@"\' crash "$PYTHON" -u -m hpc_train.train --resolved "$RUN_DIR/job.yaml"')
     crashing = crashing.replace("    {{ launch.command }}\n",
                                 '    bash -c \'if [ "$SLURM_PROCID" = 3 ]; then echo "boom on $(hostname)" >&2; exit 7; fi; '
                                 'exec "$@"\' crash {{ launch.command }}\n')
