@@ -708,10 +708,7 @@ def cancel_run(run: Run) -> str:
 
 def continued_spec(run: Run) -> Path:
     """The job file a ``--resume`` starts from: the run's own resolved config."""
-    for candidate in (run.run_dir / "job.yaml",):
+    for candidate in (run.run_dir / "job.yaml", run.run_dir / "config.json"):  # JSON is YAML
         if candidate.exists():
             return candidate
-    config_json = run.run_dir / "config.json"
-    if config_json.exists():
-        return config_json  # JSON is YAML
     raise ConfigError(f"{run.run_dir} has neither job.yaml nor config.json; cannot resume it")
