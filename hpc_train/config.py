@@ -529,10 +529,7 @@ def build(cls: type, data: Mapping[str, Any], path: str = "") -> Any:
     names = valid_keys(cls)
     unknown = [k for k in data if k not in names]
     if unknown:
-        where = f"under '{path}'" if path else "at the top level"
-        raise ConfigError(
-            f"unknown key {_join(path, str(unknown[0]))!r}; valid keys {where}: {', '.join(names)}"
-        )
+        raise _unknown_key("", path, str(unknown[0]), names)
     kwargs = {k: _convert(v, hints[k], _join(path, k)) for k, v in data.items()}
     try:
         return cls(**kwargs)
@@ -544,16 +541,20 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
+def _unknown_key(source: str, path: str, key: str, names: Sequence[str]) -> ConfigError:
+    """The one message for a key the schema does not have: where it came from, and the valid keys there."""
+    where = f"under '{path}'" if path else "at the top level"
+    prefix = f"{source}: " if source else ""
+    return ConfigError(f"{prefix}unknown key {_join(path, key)!r}; valid keys {where}: {', '.join(names)}")
+
+
 def check_keys(data: Mapping[str, Any], cls: type, source: str, path: str = "") -> None:
     """Reject unknown keys in one layer (job file, site file) before merging, naming the source."""
     names = valid_keys(cls)
     hints = _hints(cls)
     for key, value in data.items():
         if key not in names:
-            where = f"under '{path}'" if path else "at the top level"
-            raise ConfigError(
-                f"{source}: unknown key {_join(path, str(key))!r}; valid keys {where}: {', '.join(names)}"
-            )
+            raise _unknown_key(source, path, str(key), names)
         sub = _dataclass_type(hints[key])
         if sub is not None and isinstance(value, Mapping):
             check_keys(value, sub, source, _join(path, key))
@@ -567,10 +568,7 @@ def check_dotted_key(dotted: str, cls: type = JobSpec) -> None:
     for i, part in enumerate(parts):
         names = valid_keys(current)
         if part not in names:
-            where = f"under '{walked}'" if walked else "at the top level"
-            raise ConfigError(
-                f"--set {dotted}: unknown key {_join(walked, part)!r}; valid keys {where}: {', '.join(names)}"
-            )
+            raise _unknown_key(f"--set {dotted}", walked, part, names)
         tp = _hints(current)[part]
         walked = _join(walked, part)
         rest = parts[i + 1 :]
