@@ -9,10 +9,5 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    site = tmp_path / "site.yaml"
-    site.write_text("{}\n")
-    monkeypatch.setenv("HPC_TRAIN_SITE", str(site))
-    for name in ("HPC_TRAIN_RUN_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "SUBMITIT_LOCAL_GLOBALID"):
-        monkeypatch.delenv(name, raising=False)
+def _isolated(isolated_launch_env):
+    """Every benchmark-reference test: see tests/conftest.py::isolated_launch_env."""

@@ -8,14 +8,8 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _isolated_site(tmp_path, monkeypatch):
-    """No site file from the machine, no run directory or launcher variables from the environment."""
-    site = tmp_path / "site.yaml"
-    site.write_text("{}\n")
-    monkeypatch.setenv("HPC_TRAIN_SITE", str(site))
-    for name in ("HPC_TRAIN_RUN_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "SUBMITIT_LOCAL_GLOBALID"):
-        monkeypatch.delenv(name, raising=False)
+def _isolated_site(isolated_launch_env):
+    """Every training test: see tests/conftest.py::isolated_launch_env."""
 
 
 @pytest.fixture
