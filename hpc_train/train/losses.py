@@ -1,8 +1,17 @@
 """Long-tail losses, device-agnostic (no ``torch.cuda.FloatTensor``, boolean masks only).
 
-All take raw logits ``(B, C)`` and integer targets ``(B,)`` and return the batch mean. Per-class weights
-(class-balanced or DRW) are passed as ``weight`` to ``F.cross_entropy``, which then divides by the summed
-weights of the batch's targets, as LDAM-DRW's criterion does; focal divides by the batch size (its
+Every loss computes per-sample values from raw logits ``(b, C)`` and integer targets ``(b,)`` — weighted
+by the class weight of the target where the loss is weighted — and reduces them over the *global*
+batch, whatever share of it this rank holds (:meth:`LongTailLoss.forward`):
+
+    loss_r = W · Σ_{i in rank r} ℓ_i / D,   D = Σ_{i in the global batch} w_{y_i}   (or the global batch size)
+
+DDP averages gradients over the W ranks, so the gradient is that of Σ_all ℓ_i / D, the single-process
+loss, at any world size and with uneven shares (the last batch of an epoch). Every rank knows the
+global batch's targets (the epoch's sequence is the same on every rank), so D needs no collective. The
+class weights are always a tensor (ones before DRW switches them, in place), so the step is the same
+code at every epoch. Cross-entropy-type losses divide by the summed weights of the targets, as
+``F.cross_entropy(weight=w)`` and LDAM-DRW's criterion do; focal divides by the batch size (its
 per-sample reduction, LDAM-DRW's ``FocalLoss``).
 
 Balanced softmax and the logit-adjusted loss are implemented separately on purpose: with τ = 1 they are
@@ -39,42 +48,70 @@ def ldam_margins(counts: Sequence[int] | Tensor, max_margin: float) -> Tensor:
 
 
 class LongTailLoss(nn.Module):
-    """Base: holds the per-class weights, which DRW switches on at ``drw_epoch`` via :meth:`set_epoch`."""
+    """Base: per-class weights (switched on at ``drw_epoch`` by :meth:`set_epoch`) and the global-batch
+    reduction. Subclasses implement :meth:`per_sample`."""
 
-    def __init__(self, counts: Sequence[int], cfg: LossConfig) -> None:
+    normalise_by_weight = True
+    """Divide by the global batch's summed target weights (cross-entropy type); False: by its size."""
+
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
         super().__init__()
         self.counts_list = [int(c) for c in counts]
+        self.num_classes = len(self.counts_list)
+        self.world_size = world_size
         self.reweight, self.drw_epoch, self.cb_beta = cfg.reweight, cfg.drw_epoch, cfg.cb_beta
         cb = class_balanced_weights(self.counts_list, cfg.cb_beta)
         self.register_buffer("cb_weights", cb, persistent=False)
-        self.weighted = cfg.reweight == "class_balanced"
+        # The weights in use: ones (x * 1.0 is exact, so an unweighted loss is bit for bit the plain one)
+        # or the class-balanced ones; DRW copies the latter in at its epoch.
+        weighted = cfg.reweight == "class_balanced" and cfg.drw_epoch is None
+        self.register_buffer("class_weights", cb.clone() if weighted else torch.ones_like(cb), persistent=False)
+        self._zeros = torch.zeros(0)
 
     def set_epoch(self, epoch: int) -> None:
         """DRW: plain loss before ``drw_epoch``, class-balanced weights from it on."""
         if self.drw_epoch is not None:
-            self.weighted = epoch >= self.drw_epoch
+            self.class_weights.copy_(self.cb_weights if epoch >= self.drw_epoch else torch.ones_like(self.cb_weights))
 
-    @property
-    def weight(self) -> Tensor | None:
-        return self.cb_weights if self.weighted else None
-
-    def _prepare(self, logits: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _prepare(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """Losses are computed in float32 at least (AMP logits arrive in bf16/fp16; float64 stays
         float64); the per-class buffers are kept in float64 and follow the logits' dtype."""
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
-        weight = self.weight
-        return logits, None if weight is None else weight.to(logits.dtype)
+        return logits, self.class_weights.to(logits.dtype)
+
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+        """``(b,)`` loss values, each weighted by its target's class weight where the loss is weighted."""
+        raise NotImplementedError
+
+    def normaliser(self, global_target: Tensor, dtype: torch.dtype) -> Tensor:
+        """D: the global batch's summed target weights, or its size. The sum is the second output of
+        ``nll_loss`` itself, so a rank holding the whole global batch (world size 1) divides by exactly
+        the number ``F.cross_entropy(weight=w)`` divides by: bit for bit the single-process loss."""
+        n = global_target.numel()
+        if not self.normalise_by_weight:
+            return torch.full((), n, dtype=dtype, device=global_target.device)
+        if self._zeros.shape[0] < n or self._zeros.dtype != dtype or self._zeros.device != global_target.device:
+            self._zeros = torch.zeros(n, self.num_classes, dtype=dtype, device=global_target.device)
+        weight = self.class_weights.to(dtype)
+        return torch.ops.aten.nll_loss_forward(self._zeros[:n], global_target, weight, 1, -100)[1]
+
+    def forward(self, logits: Tensor, target: Tensor, global_target: Tensor | None = None) -> Tensor:
+        """This rank's share of the global batch's loss (see the module docstring). ``global_target``:
+        the targets of the whole global batch; None means this rank holds all of it."""
+        values = self.per_sample(logits, target)
+        total = self.normaliser(target if global_target is None else global_target, values.dtype)
+        return values.sum() * (self.world_size / total)
 
 
 class CrossEntropy(LongTailLoss):
-    def __init__(self, counts: Sequence[int], cfg: LossConfig) -> None:
-        super().__init__(counts, cfg)
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
         self.label_smoothing = cfg.label_smoothing
 
-    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
-        return F.cross_entropy(logits, target, weight=weight, label_smoothing=self.label_smoothing)
+        return F.cross_entropy(logits, target, weight=weight, label_smoothing=self.label_smoothing, reduction="none")
 
 
 class FocalLoss(LongTailLoss):
@@ -82,59 +119,58 @@ class FocalLoss(LongTailLoss):
     from the unweighted softmax (LDAM-DRW derives it from the weighted CE, which mixes the weight into
     the focusing term)."""
 
-    def __init__(self, counts: Sequence[int], cfg: LossConfig) -> None:
-        super().__init__(counts, cfg)
+    normalise_by_weight = False
+
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
         self.gamma = cfg.focal_gamma
 
-    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
         ce = F.cross_entropy(logits, target, reduction="none")
-        focal = (1.0 - torch.exp(-ce)).pow(self.gamma) * ce
-        if weight is not None:
-            focal = focal * weight[target]
-        return focal.mean()
+        return (1.0 - torch.exp(-ce)).pow(self.gamma) * ce * weight[target]
 
 
 class LDAMLoss(LongTailLoss):
     """Subtract the class margin from the target logit only, scale by s, cross-entropy."""
 
-    def __init__(self, counts: Sequence[int], cfg: LossConfig) -> None:
-        super().__init__(counts, cfg)
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
         self.register_buffer("margins", ldam_margins(self.counts_list, cfg.ldam_max_margin), persistent=False)
         self.scale = cfg.ldam_scale
 
-    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
         is_target = F.one_hot(target, logits.shape[1]).bool()
         adjusted = torch.where(is_target, logits - self.margins.to(logits.dtype)[None, :], logits)
-        return F.cross_entropy(self.scale * adjusted, target, weight=weight)
+        return F.cross_entropy(self.scale * adjusted, target, weight=weight, reduction="none")
 
 
 class BalancedSoftmaxLoss(LongTailLoss):
     """Ren et al. 2020: softmax over logits + log n_c (the training class counts)."""
 
-    def __init__(self, counts: Sequence[int], cfg: LossConfig) -> None:
-        super().__init__(counts, cfg)
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
         n = torch.as_tensor(self.counts_list, dtype=torch.float64).clamp_min(1)
         self.register_buffer("log_counts", torch.log(n), persistent=False)
 
-    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
-        return F.cross_entropy(logits + self.log_counts.to(logits.dtype), target, weight=weight)
+        return F.cross_entropy(logits + self.log_counts.to(logits.dtype), target, weight=weight, reduction="none")
 
 
 class LogitAdjustedLoss(LongTailLoss):
     """Menon et al. 2021: softmax over logits + τ·log π_c, π the empirical class prior."""
 
-    def __init__(self, counts: Sequence[int], cfg: LossConfig) -> None:
-        super().__init__(counts, cfg)
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
         total = float(sum(self.counts_list))
         prior = torch.tensor([max(c, 1) / total for c in self.counts_list], dtype=torch.float64)
         self.register_buffer("offsets", cfg.tau * torch.log(prior), persistent=False)
 
-    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
-        return F.cross_entropy(logits + self.offsets.to(logits.dtype), target, weight=weight)
+        return F.cross_entropy(logits + self.offsets.to(logits.dtype), target, weight=weight, reduction="none")
 
 
 LOSSES: dict[str, type[LongTailLoss]] = {
@@ -146,8 +182,9 @@ LOSSES: dict[str, type[LongTailLoss]] = {
 }
 
 
-def build_loss(cfg: LossConfig, counts: Sequence[int]) -> LongTailLoss:
-    return LOSSES[cfg.name](counts, cfg)
+def build_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1) -> LongTailLoss:
+    """The loss of ``cfg``; ``world_size``: the ranks whose gradients DDP averages (see the module docstring)."""
+    return LOSSES[cfg.name](counts, cfg, world_size)
 
 
 def posthoc_adjust(logits: Tensor, counts: Sequence[int], tau: float) -> Tensor:

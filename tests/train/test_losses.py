@@ -141,3 +141,87 @@ def test_losses_accept_low_precision_logits():
     for name in ("ce", "focal", "ldam", "balanced_softmax", "logit_adjusted"):
         value = _loss(name)(logits, torch.tensor(TARGETS))
         assert torch.isfinite(value), name
+
+
+# --------------------------------------------------------------------------------------------------
+# The global batch: the same loss and gradients at any world size
+# --------------------------------------------------------------------------------------------------
+
+SPLIT_COUNTS = [300, 120, 40, 9, 2]
+WEIGHTINGS = {"plain": {}, "class_balanced": {"reweight": "class_balanced"}, "drw": {"drw_epoch": 1}}
+LOSS_KW = {"ce": {}, "focal": {"focal_gamma": 1.0}, "ldam": {}, "balanced_softmax": {}, "logit_adjusted": {"tau": 1.0}}
+
+
+def _ddp_step(name: str, weighting: str, world_size: int, features, targets, *, per_rank_mean: bool = False):
+    """What DDP computes from one global batch at ``world_size`` ranks: rank r holds positions r::W, its
+    loss's gradients are averaged over the ranks (DDP's all-reduce / W). Returns (the ranks' mean loss,
+    the averaged gradients of a linear classifier)."""
+    cfg = LossConfig(name=name, **LOSS_KW[name], **WEIGHTINGS[weighting])
+    criterion = build_loss(cfg, SPLIT_COUNTS, world_size)
+    criterion.set_epoch(1)  # DRW's weights are on
+    layer = torch.nn.Linear(features.shape[1], len(SPLIT_COUNTS))
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(7)
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen))
+        layer.bias.copy_(torch.randn(layer.bias.shape, generator=gen))
+    losses, grads = [], []
+    for rank in range(world_size):
+        x, y = features[rank::world_size], targets[rank::world_size]
+        logits = layer(x)
+        if per_rank_mean:  # the per-rank normalisation of before: each rank's own weighted mean
+            loss = build_loss(cfg, SPLIT_COUNTS, 1)
+            loss.set_epoch(1)
+            value = loss(logits, y)
+        else:
+            value = criterion(logits, y, targets)
+        losses.append(value.detach())
+        grads.append(torch.autograd.grad(value, list(layer.parameters())))
+    mean_grads = [sum(g[i] for g in grads) / world_size for i in range(2)]
+    return sum(losses) / world_size, mean_grads
+
+
+@pytest.mark.parametrize("weighting", sorted(WEIGHTINGS))
+@pytest.mark.parametrize("name", sorted(LOSS_KW))
+def test_loss_and_gradients_of_a_global_batch_are_the_same_at_world_sizes_1_2_4(name, weighting):
+    gen = torch.Generator().manual_seed(3)
+    features = torch.randn(37, 6, generator=gen)  # 37: shares of 19/18 and 10/9/9/9 images
+    targets = torch.tensor([0, 0, 1, 0, 2, 3, 4, 0, 1, 1] * 3 + [4, 3, 2, 0, 0, 1, 4])
+    loss1, grads1 = _ddp_step(name, weighting, 1, features, targets)
+    for world in (2, 4):
+        loss_w, grads_w = _ddp_step(name, weighting, world, features, targets)
+        torch.testing.assert_close(loss_w, loss1, rtol=1e-6, atol=1e-6)
+        for a, b in zip(grads_w, grads1):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    if weighting != "plain" and name != "focal":
+        # Not vacuous: each rank's own weighted mean (the normalisation this replaced) is another gradient.
+        _, per_rank = _ddp_step(name, weighting, 4, features, targets, per_rank_mean=True)
+        assert (per_rank[0] - grads1[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("weighting", sorted(WEIGHTINGS))
+@pytest.mark.parametrize("name", sorted(LOSS_KW))
+def test_one_rank_is_bit_for_bit_the_batch_mean_loss(name, weighting):
+    """World size 1 keeps the exact arithmetic of the batch-mean losses: F.cross_entropy(weight=w) with
+    its own weighted mean (weight=None before DRW), focal's .mean() — written out here as they were."""
+    cfg = LossConfig(name=name, **LOSS_KW[name], **WEIGHTINGS[weighting])
+    loss = build_loss(cfg, SPLIT_COUNTS)
+    loss.set_epoch(1)
+    weighted = weighting != "plain"
+    w = class_balanced_weights(SPLIT_COUNTS, cfg.cb_beta).float() if weighted else None
+    gen = torch.Generator().manual_seed(11)
+    for batch in (128, 118, 1):
+        logits = (3 * torch.randn(batch, 5, generator=gen)).requires_grad_()
+        targets = torch.randint(0, 5, (batch,), generator=gen)
+        if name == "focal":
+            ce = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+            value = (1.0 - torch.exp(-ce)).pow(1.0) * ce
+            expected = (value * w[targets] if weighted else value).mean()
+        else:
+            shifted = {"ce": lambda z: z, "balanced_softmax": lambda z: z + loss.log_counts.float(),
+                       "logit_adjusted": lambda z: z + loss.offsets.float(),
+                       "ldam": lambda z: 30.0 * torch.where(torch.nn.functional.one_hot(targets, 5).bool(),
+                                                             z - loss.margins.float()[None, :], z)}[name](logits)
+            expected = torch.nn.functional.cross_entropy(shifted, targets, weight=w)
+        (want,) = torch.autograd.grad(expected, logits)
+        (got,) = torch.autograd.grad(loss(logits, targets), logits)
+        assert torch.equal(got, want), (name, weighting, batch)
