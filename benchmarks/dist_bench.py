@@ -52,7 +52,7 @@ def prepare_weights(path: Path, eval_per_class: int) -> None:
                 channels_last=False, num_workers=0)
     sampler = GlobalSampler(data.train.labels, data.num_classes, name="instance", seed=0)
     with torch.no_grad():
-        for step, (x, _) in enumerate(feed.train_batches(sampler, 0, BATCH)):
+        for step, (x, _, _) in enumerate(feed.train_batches(sampler, 0, BATCH)):
             model(x)
             if step == 3:
                 break

@@ -38,7 +38,7 @@ def run(*, rounds: int, max_per_class: int = 5000, batch: int = 128, workers: in
 
         def once() -> float:
             elapsed, seen = timer(), 0
-            for x, _ in feeds[channels_last].train_batches(sampler, epochs[key], batch):
+            for x, _, _ in feeds[channels_last].train_batches(sampler, epochs[key], batch):
                 seen += len(x)
             epochs[key] += 1
             return seen / elapsed()

@@ -48,8 +48,8 @@ def build_trainer(spec, data, run_dir: Path, *, rank: int = 0, world_size: int =
 
 def train_one_epoch(trainer) -> int:
     """One training epoch of our trainer (its data path included; no evaluation, no checkpoint).
-    Returns the number of images it trained on."""
-    per_rank = trainer.sampler.samples_per_rank(trainer.ctx.world_size)
-    skipped = min(per_rank, trainer.step_in_epoch * trainer.batch_per_rank)  # a warm-up may start mid-epoch
+    Returns the number of images all ranks together trained on."""
+    total = trainer.sampler.num_samples
+    skipped = min(total, trainer.step_in_epoch * trainer.cfg.batch_size)  # a warm-up may start mid-epoch
     trainer._train_epoch()
-    return (per_rank - skipped) * trainer.ctx.world_size
+    return total - skipped

@@ -83,7 +83,7 @@ def _worker(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     if args.side == "ours":
         trainer = ours.build_trainer(spec, data, tmp / "run")
-        x, y = next(trainer.feed.train_batches(trainer.sampler, 0, trainer.batch_per_rank))
+        x, y, _ = next(trainer.feed.train_batches(trainer.sampler, 0, trainer.cfg.batch_size))
         trainer.criterion(trainer.train_model(x), y).backward()  # warm-up: kernels, allocator
         trainer.optimizer.zero_grad(set_to_none=True)
         steps = trainer.steps_per_epoch

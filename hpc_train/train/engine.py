@@ -2,10 +2,11 @@
 
 One loop serves both stages: epochs ``[0, train.epochs)`` train the whole network, the following
 ``two_stage.crt_epochs`` re-train a re-initialised classifier on frozen features with class-balanced
-sampling (cRT), and τ-normalisation runs once at the end. The position ``(epoch, step_in_epoch)`` and
-everything needed to continue from it go into each checkpoint, so a run resumed from any checkpoint —
-end of epoch or mid-epoch after a preemption signal — takes the same optimizer steps on the same
-batches with the same augmentations as one that never stopped.
+sampling (cRT), and τ-normalisation runs once at the end. The position ``(epoch, step_in_epoch)`` —
+global batches, the same at every world size — and everything needed to continue from it go into each
+checkpoint, so a run resumed from any checkpoint, end of epoch or mid-epoch after a preemption signal, at
+the same or another world size, takes the same optimizer steps on the same batches with the same
+augmentations as one that never stopped.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .losses import CrossEntropy, build_loss, posthoc_adjust
 from .metrics import ClassCounter, append_jsonl, format_table, group_sizes, plot_per_class, summarize
 from .models import LongTailNet, build_model, make_classifier
 from .pipeline import Feed
-from .samplers import GlobalSampler, derive_seed
+from .samplers import derive_seed, stage_sampler
 from .schedule import LrSchedule
 
 log = logging.getLogger("hpc_train.train")
@@ -87,20 +88,12 @@ def scaled_lr(cfg: TrainConfig, lr: float) -> float:
     return lr * cfg.batch_size / cfg.optim.base_batch_size if cfg.optim.scale_lr else lr
 
 
-def steps_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int:
-    """Optimizer steps per epoch: each rank gets floor(N / W) samples in batches of B / W, the last short."""
-    per_rank = num_samples // world_size
-    batch_per_rank = batch_size // world_size
-    return -(-per_rank // batch_per_rank)
-
-
 class Trainer:
     def __init__(self, spec: JobSpec, ctx: RankContext, data: DataSource, run_dir: Path) -> None:
         t = spec.train
         self.spec, self.cfg, self.ctx, self.data, self.run_dir = spec, t, ctx, data, run_dir
         self.device = ctx.device
         self.counts: list[int] = [int(c) for c in data.train_counts]
-        self.batch_per_rank = t.batch_size // ctx.world_size
         self.total_epochs = t.epochs + t.two_stage.crt_epochs
         self.feed = Feed(data, self.device, rank=ctx.rank, world_size=ctx.world_size, seed=t.seed,
                          crop_padding=default_crop_padding(t, data), flip=default_flip(t, data),
@@ -113,8 +106,10 @@ class Trainer:
         if t.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model: LongTailNet = model
-        self.criterion = build_loss(t.loss, self.counts).to(self.device)
-        self.crt_criterion = CrossEntropy(self.counts, LossConfig()).to(self.device)
+        # Gradients are averaged over the ranks that train together (DDP); the losses scale by it.
+        ranks = ctx.world_size if ctx.distributed else 1
+        self.criterion = build_loss(t.loss, self.counts, ranks).to(self.device)
+        self.crt_criterion = CrossEntropy(self.counts, LossConfig(), ranks).to(self.device)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.amp)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.amp == "fp16")
 
@@ -139,12 +134,9 @@ class Trainer:
         self.global_step = int(state["global_step"])
         self.best, self.last = state.get("best"), state.get("last")
         self._setup_phase(state["phase"], reinit_classifier=False)
-        if int(state.get("world_size", ctx.world_size)) != ctx.world_size:
-            # The global batch is the same, so steps per epoch barely change; the shards do, so this
-            # epoch's remaining batches are not the ones an uninterrupted run would have seen.
-            log.warning("checkpoint written by %s ranks, resuming with %d: the rest of this epoch sees a "
-                        "different data order", state.get("world_size"), ctx.world_size)
-            self.step_in_epoch = min(self.step_in_epoch, self.steps_per_epoch)
+        if int(state.get("world_size", ctx.world_size)) != ctx.world_size and ctx.is_main:
+            # Steps are global batches and augmentations are keyed by global position: nothing changes.
+            log.info("checkpoint written by %s ranks, continuing with %d", state.get("world_size"), ctx.world_size)
         self.optimizer.load_state_dict(state["optimizer"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
@@ -165,7 +157,6 @@ class Trainer:
         self.phase = phase
         if phase == "main":
             params = list(self.model.parameters())
-            sampler_name, progressive = t.sampler.name, t.sampler.progressive_epochs or t.epochs
             lr, schedule_cfg, epochs = scaled_lr(t, t.optim.lr), t.schedule, t.epochs
             self.phase_start_epoch = 0
         else:  # crt: classifier re-training on frozen features
@@ -176,15 +167,12 @@ class Trainer:
             for p in self.model.backbone.parameters():
                 p.requires_grad_(False)
             params = list(self.model.classifier.parameters())
-            sampler_name, progressive = t.two_stage.crt_sampler, t.two_stage.crt_epochs
             lr, schedule_cfg, epochs = scaled_lr(t, t.two_stage.crt_lr), ScheduleConfig(name="cosine"), t.two_stage.crt_epochs
             self.phase_start_epoch = t.epochs
-        self.sampler = GlobalSampler(self.data.train.labels, self.data.num_classes, name=sampler_name,
-                                     seed=derive_seed(t.seed, phase), progressive_epochs=progressive)
-        self.steps_per_epoch = self.sampler.steps_per_epoch(self.ctx.world_size, self.batch_per_rank)
+        self.sampler = stage_sampler(t, self.data.train.labels, self.data.num_classes, phase)
+        self.steps_per_epoch = self.sampler.steps_per_epoch(t.batch_size)
         if self.steps_per_epoch == 0:
-            raise ConfigError(f"{len(self.data.train)} training images do not give every one of the "
-                              f"{self.ctx.world_size} ranks an image; use fewer ranks or more data")
+            raise ConfigError(f"{self.data.name} has no training images")
         self.schedule = LrSchedule(schedule_cfg, lr, epochs)
         if t.optim.name == "sgd":
             self.optimizer: torch.optim.Optimizer = torch.optim.SGD(
@@ -228,7 +216,7 @@ class Trainer:
         if self.global_step == 0 and self.ctx.is_main:
             log.info("training %s: %d epochs (+%d cRT), %d steps per epoch, batch %d (%d per rank x %d ranks)",
                      self.data.name, t.epochs, t.two_stage.crt_epochs, self.steps_per_epoch, t.batch_size,
-                     self.batch_per_rank, self.ctx.world_size)
+                     t.batch_size // self.ctx.world_size, self.ctx.world_size)
         while self.epoch < self.total_epochs:
             if self.epoch >= t.epochs and self.phase == "main":
                 self._setup_phase("crt", reinit_classifier=True)
@@ -251,13 +239,13 @@ class Trainer:
         if self.phase == "crt":
             self.model.backbone.eval()  # frozen features: BatchNorm statistics stay as trained
         local_epoch = self.epoch - self.phase_start_epoch
-        batches = self.feed.train_batches(self.sampler, self.epoch, self.batch_per_rank, self.step_in_epoch)
-        for x, y in batches:
+        batches = self.feed.train_batches(self.sampler, self.epoch, t.batch_size, self.step_in_epoch)
+        for x, y, y_global in batches:
             lr = self.schedule.lr(local_epoch, self.step_in_epoch, self.steps_per_epoch)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             with self._autocast():
-                loss = criterion(self.train_model(x), y)
+                loss = criterion(self.train_model(x), y, y_global)
             self.optimizer.zero_grad(set_to_none=True)
             if self.scaler.is_enabled():
                 self.scaler.scale(loss).backward()
@@ -341,7 +329,7 @@ class Trainer:
         if self._saved_at_step == self.global_step:
             return path
         rng = self._gather_rng()
-        self.sampler.epoch, self.sampler.position = self.epoch, self.step_in_epoch * self.batch_per_rank
+        self.sampler.epoch, self.sampler.step = self.epoch, self.step_in_epoch
         if self.ctx.is_main:
             state = {
                 "format": ckpt.FORMAT_VERSION, "phase": self.phase, "epoch": self.epoch,

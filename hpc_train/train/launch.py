@@ -184,7 +184,8 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
     import torch
 
     from . import datasets
-    from .engine import RankContext, Trainer, barrier, init_model, steps_per_epoch
+    from .engine import RankContext, Trainer, barrier, init_model
+    from .samplers import stage_sampler
     from .losses import build_loss
 
     t = spec.train
@@ -198,7 +199,7 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
         data = datasets.load(t.data, download_ok=False)
         model = init_model(t, data)
         build_loss(t.loss, [int(c) for c in data.train_counts])
-        steps = steps_per_epoch(len(data.train), world, t.batch_size)
+        steps = stage_sampler(t, data.train.labels, data.num_classes, "main").steps_per_epoch(t.batch_size)
         device_text = "cuda" if wants_cuda(spec) else "cpu"
         if wants_cuda(spec) and not torch.cuda.is_available():
             device_text += " (not available on this machine: the ranks need it)"

@@ -3,13 +3,19 @@
 In-memory sets (CIFAR, digits, synthetic) are uploaded once as uint8 ``N×C×H×W`` (a quarter of the
 bytes of float32, and uint8 gathers are cheap); each step gathers its indices on the device and applies
 random crop (zero padding, as torchvision's ``RandomCrop(padding=p)``), horizontal flip and
-normalisation to the whole batch at once — the airbench pattern, no per-image Python. The random
-offsets and flips are drawn on the CPU from a generator seeded by (seed, epoch, step, rank), so an
-epoch resumed mid-way sees exactly the augmentations it would have seen, on any device.
+normalisation to the whole batch at once — the airbench pattern, no per-image Python.
 
-On-disk sets (list files, ImageFolder) use a DataLoader per split with our rank-sharded batch sampler,
-pinned memory on CUDA and persistent workers; augmentation is torchvision's RandomResizedCrop + flip.
-Their worker RNG is not restored on resume (documented in docs/training.md).
+Augmentation is keyed by (seed, epoch, step) and the position in the *global* batch, never by rank:
+every rank draws the whole global batch's crops and flips on the CPU from one generator and keeps its
+own positions (``[rank::world_size]``), so an image gets the same augmentation at any world size, and an
+epoch resumed mid-way (at any world size, on any device) sees exactly the augmentations it would have
+seen. At world size 1 the draws are those of the rank-keyed scheme before it (rank 0).
+
+On-disk sets (list files, ImageFolder) use a DataLoader per split with our batch sampler, pinned
+memory on CUDA and persistent workers; augmentation is torchvision's RandomResizedCrop + flip, run under
+a per-sample seed drawn the same way, so the workers' own RNG plays no part.
+
+Every training batch comes with the targets of its whole global batch: the losses normalise over them.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from torch import Tensor
 
 from .datasets import ArraySplit, DataSource, FileSplit
 from .samplers import GlobalSampler, derive_seed, eval_shard
+
+TrainBatch = tuple[Tensor, Tensor, Tensor]
+"""(images, targets) of this rank's share, and the targets of the whole global batch."""
 
 
 @contextlib.contextmanager
@@ -125,22 +134,30 @@ class DeviceImages:
 
 
 class FileImages(torch.utils.data.Dataset):
+    """Images of a file split. A training item is ``(index, seed)``: the transform's random draws (from
+    torch's global generator, as torchvision's transforms make them) run under that seed."""
+
     def __init__(self, split: FileSplit, transform) -> None:
         self.split, self.transform = split, transform
 
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, item: int | tuple[int, int]):
         from PIL import Image
 
+        i, seed = item if isinstance(item, tuple) else (item, None)
         path = self.split.root / self.split.paths[i]
         try:
             with Image.open(path) as img:
                 image = img.convert("RGB")
         except OSError as exc:
             raise RuntimeError(f"cannot read image {path}: {exc}") from None
-        return self.transform(image), int(self.split.labels[i])
+        if seed is None:
+            return self.transform(image), int(self.split.labels[i])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.transform(image), int(self.split.labels[i])
 
 
 def _transforms(size: int, mean, std, train: bool):
@@ -151,19 +168,41 @@ def _transforms(size: int, mean, std, train: bool):
     return T.Compose([T.Resize(int(round(size * 256 / 224))), T.CenterCrop(size), T.ToTensor(), T.Normalize(mean, std)])
 
 
-class _ShardBatches(torch.utils.data.Sampler):
-    """Batch sampler over one rank's shard; the trainer sets (epoch, start_step) before each epoch."""
+def augment_seeds(seed: int, epoch: int, step: int, global_size: int) -> Tensor:
+    """One seed per position of a global batch, for file sets' per-sample transforms."""
+    gen = torch.Generator().manual_seed(derive_seed("augment-files", seed, epoch, step))
+    return torch.randint(0, 2**62, (global_size,), generator=gen)
 
-    def __init__(self, sampler: GlobalSampler, rank: int, world_size: int, batch: int) -> None:
-        self.sampler, self.rank, self.world_size, self.batch = sampler, rank, world_size, batch
+
+class _ShardBatches(torch.utils.data.Sampler):
+    """Batch sampler of one rank's share of every global batch, as ``(index, augmentation seed)``
+    items; the trainer sets (epoch, start_step) before each epoch."""
+
+    def __init__(self, sampler: GlobalSampler, rank: int, world_size: int, batch: int, seed: int) -> None:
+        self.sampler, self.rank, self.world_size, self.batch, self.seed = sampler, rank, world_size, batch, seed
         self.epoch, self.start_step = 0, 0
 
     def __iter__(self):
-        for idx in self.sampler.batches(self.epoch, self.rank, self.world_size, self.batch, self.start_step):
-            yield idx.tolist()
+        batches = self.sampler.batches(self.epoch, self.rank, self.world_size, self.batch, self.start_step)
+        for step, (idx, whole) in enumerate(batches, self.start_step):
+            seeds = augment_seeds(self.seed, self.epoch, step, len(whole))[self.rank::self.world_size]
+            yield list(zip(idx.tolist(), seeds.tolist()))
 
     def __len__(self) -> int:
-        return self.sampler.steps_per_epoch(self.world_size, self.batch) - self.start_step
+        return self.sampler.steps_per_epoch(self.batch) - self.start_step
+
+
+class _CollateOrEmpty:
+    """default_collate, and an empty batch of the right shape for a rank with no image in a step (the
+    last, short global batch of an epoch can have fewer images than ranks)."""
+
+    def __init__(self, image_size: int) -> None:
+        self.image_size = image_size
+
+    def __call__(self, items):
+        if not items:
+            return torch.zeros(0, 3, self.image_size, self.image_size), torch.zeros(0, dtype=torch.int64)
+        return torch.utils.data.default_collate(items)
 
 
 class _IndexBatches(torch.utils.data.Sampler):
@@ -210,7 +249,8 @@ class Feed:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y.to(self.device, non_blocking=True)
 
-    def _loader(self, key: tuple, dataset, batch_sampler, *, persistent: bool) -> torch.utils.data.DataLoader:
+    def _loader(self, key: tuple, dataset, batch_sampler, *, persistent: bool,
+                collate_fn=None) -> torch.utils.data.DataLoader:
         # Training workers persist across epochs (no re-spawn, warm page cache); evaluation workers are
         # started per evaluation, so a rank does not hold three idle worker pools.
         if key not in self._loaders:
@@ -218,44 +258,53 @@ class Feed:
             self._loaders[key] = torch.utils.data.DataLoader(
                 dataset, batch_sampler=batch_sampler, num_workers=workers,
                 pin_memory=self.device.type == "cuda", persistent_workers=persistent and workers > 0,
-                prefetch_factor=4 if workers > 0 else None,
+                prefetch_factor=4 if workers > 0 else None, collate_fn=collate_fn,
                 generator=torch.Generator().manual_seed(derive_seed("loader", self.seed, self.rank)),
             )
         return self._loaders[key]
 
-    def train_batches(self, sampler: GlobalSampler, epoch: int, batch_per_rank: int,
-                      start_step: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
+    def train_batches(self, sampler: GlobalSampler, epoch: int, batch_size: int,
+                      start_step: int = 0) -> Iterator[TrainBatch]:
+        """This rank's share of every global batch (``batch_size`` images) of ``epoch``, with the
+        global batch's targets, from ``start_step`` on."""
         if self.data.in_memory:
-            yield from self._memory_train_batches(sampler, epoch, batch_per_rank, start_step)
+            yield from self._memory_train_batches(sampler, epoch, batch_size, start_step)
             return
-        key = ("train", id(sampler), batch_per_rank)
+        key = ("train", id(sampler), batch_size)
         if key not in self._loaders:
-            batches = _ShardBatches(sampler, self.rank, self.world_size, batch_per_rank)
+            batches = _ShardBatches(sampler, self.rank, self.world_size, batch_size, self.seed)
             dataset = FileImages(self.data.train, _transforms(self.data.image_size, self.data.mean, self.data.std, True))
-            self._loader(key, dataset, batches, persistent=True)
+            self._loader(key, dataset, batches, persistent=True, collate_fn=_CollateOrEmpty(self.data.image_size))
         loader = self._loaders[key]
         loader.batch_sampler.epoch, loader.batch_sampler.start_step = epoch, start_step
-        for x, y in loader:
-            yield self._to_device(x, y)
+        labels = torch.from_numpy(self.data.train.labels)
+        wholes = (whole for _, whole in sampler.batches(epoch, self.rank, self.world_size, batch_size, start_step))
+        for (x, y), whole in zip(loader, wholes):
+            x, y = self._to_device(x, y)
+            yield x, y, labels[whole].to(self.device, non_blocking=True)
 
-    def _memory_train_batches(self, sampler: GlobalSampler, epoch: int, batch_per_rank: int,
-                              start_step: int) -> Iterator[tuple[Tensor, Tensor]]:
+    def _memory_train_batches(self, sampler: GlobalSampler, epoch: int, batch_size: int,
+                              start_step: int) -> Iterator[TrainBatch]:
         """The epoch's indices and augmentation draws are made on the CPU up front (from the same per-step
         generators as one batch at a time) and copied to the device once: no host-to-device copy per
         step, which on a GPU would also wait for the step before it."""
         images = self._device_split("train")
-        batches = list(sampler.batches(epoch, self.rank, self.world_size, batch_per_rank, start_step))
-        if not batches:
+        steps = list(sampler.batches(epoch, self.rank, self.world_size, batch_size, start_step))
+        if not steps:
             return
-        draws = [images.draw(len(idx), torch.Generator().manual_seed(
-            derive_seed("augment", self.seed, epoch, step, self.rank))) for step, idx in enumerate(batches, start_step)]
-        epoch_idx = self._upload(torch.cat(batches))
-        coords = None if draws[0] is None else self._upload(torch.cat(draws))
-        start = 0
-        for idx in batches:
-            part = slice(start, start + len(idx))
-            start += len(idx)
-            yield images.apply(epoch_idx[part], None if coords is None else coords[part])
+        mine = slice(self.rank, None, self.world_size)
+        # The trailing 0 is where the rank went: world size 1 keeps the draws it always had.
+        draws = [images.draw(len(whole), torch.Generator().manual_seed(derive_seed("augment", self.seed, epoch, step, 0)))
+                 for step, (_, whole) in enumerate(steps, start_step)]
+        epoch_idx = self._upload(torch.cat([idx for idx, _ in steps]))
+        epoch_whole = self._upload(torch.cat([whole for _, whole in steps]))
+        coords = None if draws[0] is None else self._upload(torch.cat([d[mine] for d in draws]))
+        start = whole_start = 0
+        for idx, whole in steps:
+            part, whole_part = slice(start, start + len(idx)), slice(whole_start, whole_start + len(whole))
+            start, whole_start = start + len(idx), whole_start + len(whole)
+            x, y = images.apply(epoch_idx[part], None if coords is None else coords[part])
+            yield x, y, images.labels[epoch_whole[whole_part]]
 
     def _upload(self, t: Tensor) -> Tensor:
         if self.device.type == "cuda":

@@ -1,14 +1,15 @@
-"""Distributed samplers: one global index sequence per epoch, cut and sharded by rank.
+"""Distributed samplers: one global index sequence per epoch, cut into global batches, dealt out by rank.
 
 No reference long-tail code samples correctly under DDP: ``ClassAwareSampler`` draws from Python's
 global ``random`` in every rank, ``WeightedRandomSampler`` knows nothing of ranks. Here every rank
 builds the *same* sequence from ``(seed, epoch)`` alone (a CPU ``torch.Generator``, identical on every
-machine), cuts it to a multiple of the world size and keeps every ``world_size``-th element starting at
-its rank. So the shards are disjoint, equally long (no rank waits on another at the last step), their
-union is the single-process sequence minus at most ``world_size - 1`` items, and because the sequence is
-re-shuffled every epoch the cut tail is different each epoch.
+machine) and cuts it into global batches of ``B``: ``seq[sB:(s+1)B]`` is step ``s`` at any world size,
+and rank ``r`` of ``W`` trains on ``seq[sB:(s+1)B][r::W]``. Nothing is cut: the last global batch is
+short and split unevenly (ranks may differ by one image; a rank may hold none when it has fewer images
+than ranks). The losses normalise over the global batch, so the step is the single-process step.
 
-The sampler's state is ``(epoch, position)``; the trainer checkpoints it and resumes mid-epoch.
+The sampler's state is ``(epoch, step)``, both global: a run resumed at another world size continues
+with exactly the batches an uninterrupted run would have taken.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..config import SamplerName
+from ..config import SamplerName, TrainConfig
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -50,8 +51,9 @@ class GlobalSampler:
         self.by_class = torch.argsort(labels_t, stable=True)
         self.starts = torch.cumsum(self.counts, 0) - self.counts
         self.epoch = 0
-        self.position = 0
-        """Samples this rank has consumed in ``epoch`` (resume point)."""
+        self.step = 0
+        """Global steps taken in ``epoch`` (the resume point)."""
+        self._cached: tuple[int, torch.Tensor] | None = None
 
     def class_probabilities(self, epoch: int) -> torch.Tensor:
         n = self.counts.double()
@@ -68,50 +70,55 @@ class GlobalSampler:
 
     def global_sequence(self, epoch: int) -> torch.Tensor:
         """The epoch's full index sequence (what a single process would iterate)."""
+        if self._cached is not None and self._cached[0] == epoch:
+            return self._cached[1]
         gen = torch.Generator().manual_seed(derive_seed("sampler", self.seed, epoch))
         if self.name == "instance":
-            return torch.randperm(len(self.by_class), generator=gen)[: self.num_samples]
-        classes = torch.multinomial(self.class_probabilities(epoch).float(), self.num_samples, replacement=True,
-                                    generator=gen)
-        offsets = (torch.rand(self.num_samples, generator=gen, dtype=torch.float64) * self.counts[classes]).long()
-        offsets = torch.minimum(offsets, self.counts[classes] - 1)  # rand() < 1, but be safe at the edge
-        return self.by_class[self.starts[classes] + offsets]
+            seq = torch.randperm(len(self.by_class), generator=gen)[: self.num_samples]
+        else:
+            classes = torch.multinomial(self.class_probabilities(epoch).float(), self.num_samples, replacement=True,
+                                        generator=gen)
+            offsets = (torch.rand(self.num_samples, generator=gen, dtype=torch.float64) * self.counts[classes]).long()
+            offsets = torch.minimum(offsets, self.counts[classes] - 1)  # rand() < 1, but be safe at the edge
+            seq = self.by_class[self.starts[classes] + offsets]
+        self._cached = (epoch, seq)
+        return seq
 
-    @staticmethod
-    def usable_length(length: int, world_size: int) -> int:
-        return length - length % world_size
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Global batches per epoch, the last one short: the same at every world size."""
+        return math.ceil(self.num_samples / batch_size)
 
-    def shard(self, epoch: int, rank: int, world_size: int) -> torch.Tensor:
-        """This rank's part of the epoch: the sequence cut to a multiple of ``world_size``, strided by rank."""
-        seq = self.global_sequence(epoch)
-        return seq[: self.usable_length(len(seq), world_size)][rank::world_size]
-
-    def samples_per_rank(self, world_size: int) -> int:
-        return self.usable_length(self.num_samples, world_size) // world_size
-
-    def steps_per_epoch(self, world_size: int, batch_per_rank: int) -> int:
-        # The last batch may be short; it is equally short on every rank, so DDP stays in step.
-        return math.ceil(self.samples_per_rank(world_size) / batch_per_rank)
-
-    def batches(self, epoch: int, rank: int, world_size: int, batch_per_rank: int,
-                start_step: int = 0) -> Iterator[torch.Tensor]:
-        """Index batches of this rank for ``epoch``, from ``start_step`` on (a resumed epoch)."""
+    def batches(self, epoch: int, rank: int, world_size: int, batch_size: int,
+                start_step: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(this rank's indices, the global batch's indices)`` of every step of ``epoch`` from
+        ``start_step`` on (a resumed epoch); ``batch_size`` is the global batch."""
         self.epoch = epoch
-        shard = self.shard(epoch, rank, world_size)
-        for start in range(start_step * batch_per_rank, len(shard), batch_per_rank):
-            self.position = start
-            yield shard[start: start + batch_per_rank]
-        self.position = len(shard)
+        seq = self.global_sequence(epoch)
+        for step in range(start_step, self.steps_per_epoch(batch_size)):
+            self.step = step
+            batch = seq[step * batch_size:(step + 1) * batch_size]
+            yield batch[rank::world_size], batch
+        self.step = self.steps_per_epoch(batch_size)
 
     def state_dict(self) -> dict:
-        return {"name": self.name, "seed": self.seed, "epoch": self.epoch, "position": self.position,
+        return {"name": self.name, "seed": self.seed, "epoch": self.epoch, "step": self.step,
                 "num_samples": self.num_samples}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("name") != self.name or state.get("seed") != self.seed:
             raise ValueError(f"checkpoint sampler {state.get('name')}/seed {state.get('seed')} does not match "
                              f"{self.name}/seed {self.seed}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.epoch, self.step = int(state["epoch"]), int(state.get("step", 0))
+
+
+def stage_sampler(cfg: TrainConfig, labels: np.ndarray, num_classes: int, phase: str) -> GlobalSampler:
+    """The sampler of a stage (``main`` or ``crt``), seeded apart."""
+    if phase == "main":
+        name, progressive = cfg.sampler.name, cfg.sampler.progressive_epochs or cfg.epochs
+    else:
+        name, progressive = cfg.two_stage.crt_sampler, cfg.two_stage.crt_epochs
+    return GlobalSampler(labels, num_classes, name=name, seed=derive_seed(cfg.seed, phase),
+                         progressive_epochs=progressive)
 
 
 def eval_shard(length: int, rank: int, world_size: int) -> range:

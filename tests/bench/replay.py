@@ -1,7 +1,7 @@
 """Replaying our augmentation draws through torchvision's own transform objects.
 
-Our pipeline draws, per step, crop offsets then flips from one generator seeded by (seed, epoch, step,
-rank). The reference's ``RandomCrop`` / ``RandomHorizontalFlip`` draw from torch's global RNG instead;
+Our pipeline draws, per step, the global batch's crop offsets then flips from one generator seeded by
+(seed, epoch, step, 0). The reference's ``RandomCrop`` / ``RandomHorizontalFlip`` draw from torch's global RNG instead;
 to feed both the same crops, the reference data set below hands each item's (top, left, flip) to the
 real transform objects — ``RandomCrop.get_params`` answers with the replayed offsets and the flip's
 probability is set to 1 or 0 — so padding, cropping, flipping, ``ToTensor`` and ``Normalize`` are still
@@ -17,7 +17,8 @@ from hpc_train.train.samplers import derive_seed
 
 
 def our_draws(batch: int, padding: int, seed: int, epoch: int, step: int, rank: int = 0):
-    """The (offsets, flips) that ``DeviceImages.augmented`` draws for this step."""
+    """The (offsets, flips) that the trainer draws for this step's global batch (``rank`` stays 0: the
+    draws no longer depend on it)."""
     gen = torch.Generator().manual_seed(derive_seed("augment", seed, epoch, step, rank))
     offsets = torch.randint(0, 2 * padding + 1, (batch, 2), generator=gen)
     flips = torch.rand(batch, generator=gen) < 0.5
@@ -53,7 +54,7 @@ class ReplayDataset(CifarLikeDataset):
 def epoch_params(sampler, epoch: int, batch: int, padding: int, seed: int) -> tuple[list[list[int]], dict]:
     """Our batches of ``epoch`` (index lists) and every index's (top, left, flip) in them."""
     batches, params = [], {}
-    for step, idx in enumerate(sampler.batches(epoch, 0, 1, batch)):
+    for step, (idx, _) in enumerate(sampler.batches(epoch, 0, 1, batch)):
         offsets, flips = our_draws(len(idx), padding, seed, epoch, step)
         batches.append(idx.tolist())
         for i, index in enumerate(idx.tolist()):

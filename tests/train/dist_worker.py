@@ -1,8 +1,9 @@
 """One rank of the distributed sampler/evaluation check (run by test_distributed.py, not collected).
 
 Every rank builds the same small synthetic long-tailed set and the same model, evaluates it with the
-Trainer's real evaluation (unpadded shard + all-reduced per-class counts) and computes its sampler
-shards; rank 0 gathers everything and saves it for the test to compare across world sizes.
+Trainer's real evaluation (unpadded shard + all-reduced per-class counts) and records its share of every
+global batch of every sampler; rank 0 gathers everything and saves it for the test to compare across
+world sizes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from hpc_train.train.samplers import GlobalSampler
 
 SAMPLERS = ("instance", "class_balanced", "sqrt", "progressive")
 EPOCHS = (0, 1, 2)
+SAMPLER_BATCH = 41
+"""125 training images = 3 batches of 41 and one of 2: at 3 ranks one rank holds none of the last."""
 
 
 def spec(world_size: int) -> JobSpec:
@@ -60,8 +63,8 @@ def main() -> None:
     for name in SAMPLERS:
         sampler = GlobalSampler(data.train.labels, data.num_classes, name=name, seed=5, progressive_epochs=3)
         for epoch in EPOCHS:
-            batches = list(sampler.batches(epoch, env.rank, env.world_size, 12 // env.world_size))
-            shards[(name, epoch)] = (sampler.shard(epoch, env.rank, env.world_size).tolist(), len(batches))
+            shards[(name, epoch)] = [idx.tolist() for idx, _ in sampler.batches(epoch, env.rank, env.world_size,
+                                                                                    SAMPLER_BATCH)]
     mine = {"rank": env.rank, "shards": shards}
     gathered = [None] * env.world_size
     if distributed:

@@ -93,10 +93,9 @@ def digits_lt_counts(imbalance_factor: float, test_per_class: int = 50) -> list[
     return ldam_counts(int(per_class.min()) - test_per_class, 10, imbalance_factor)
 
 
-def steps_per_epoch(num_images: int, world_size: int, batch_size: int) -> int:
-    per_rank = num_images // world_size
-    batch = batch_size // world_size
-    return -(-per_rank // batch)
+def steps_per_epoch(num_images: int, batch_size: int) -> int:
+    """Global batches of an epoch, the last one short: the same at every world size."""
+    return -(-num_images // batch_size)
 
 
 def make_spec(train: dict[str, Any], *, tasks: int = 1, name: str = "t", runs_dir: str = "runs", **slurm: Any):

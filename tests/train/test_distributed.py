@@ -1,9 +1,8 @@
-"""Real gloo processes at world sizes 1, 2 and 3: sampler shards and exact evaluation."""
+"""Real gloo processes at world sizes 1, 2 and 3: rank shares of the global batches, exact evaluation."""
 
 from __future__ import annotations
 
 import subprocess
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -62,34 +61,29 @@ def test_evaluation_is_identical_at_world_sizes_1_2_3(results):
         assert r["correct"] == expected_correct, world
 
 
-def test_sampler_shards_are_disjoint_and_cover_the_single_process_sequence(results):
+def test_every_world_size_trains_on_the_same_global_batches(results):
     single = results[1]
     labels = np.asarray(single["train_labels"])
-    tails = {}
+    n, batch = len(labels), dist_worker.SAMPLER_BATCH
+    assert 0 < n % batch < 3  # the last global batch has fewer images than 3 ranks
     for world, r in results.items():
         ranks = sorted(r["ranks"], key=lambda x: x["rank"])
         assert len(ranks) == world
         for name in dist_worker.SAMPLERS:
             for epoch in dist_worker.EPOCHS:
-                sequence = single["ranks"][0]["shards"][(name, epoch)][0]  # world size 1: the whole sequence
-                shards = [x["shards"][(name, epoch)][0] for x in ranks]
-                steps = {x["shards"][(name, epoch)][1] for x in ranks}
-                assert len(steps) == 1, (name, epoch, world)  # the same number of steps on every rank
-                assert len({len(s) for s in shards}) == 1  # equal lengths
-                # Disjoint: positions of the global sequence are dealt out rank by rank.
-                usable = len(sequence) - len(sequence) % world
-                interleaved = [shards[i % world][i // world] for i in range(usable)]
-                assert interleaved == sequence[:usable], (name, epoch, world)
-                cut = sequence[usable:]
-                assert len(cut) < world
-                # Union + the cut tail has exactly the single-process class histogram.
-                union = Counter(labels[np.concatenate(shards)].tolist()) + Counter(labels[cut].tolist())
-                assert union == Counter(labels[sequence].tolist())
+                reference = single["ranks"][0]["shards"][(name, epoch)]  # world size 1: the global batches
+                shares = [x["shards"][(name, epoch)] for x in ranks]
+                assert {len(s) for s in shares} == {len(reference)}, (name, epoch, world)  # same steps everywhere
+                for step, whole in enumerate(reference):
+                    mine = [s[step] for s in shares]
+                    # Rank k holds positions k, k + W, ... of the global batch: interleaved, they are it.
+                    interleaved = [mine[i % world][i // world] for i in range(len(whole))]
+                    assert interleaved == whole, (name, epoch, world, step)
+                    assert sum(map(len, mine)) == len(whole)  # nothing cut, nothing repeated
+                flat = [i for batch in reference for i in batch]
                 if name == "instance":
-                    flat = np.concatenate(shards)
-                    assert len(set(flat.tolist())) == len(flat)  # no image twice in an instance epoch
-                tails[(name, epoch, world)] = cut
-    n = len(labels)
-    assert n % 2 == 1 and n % 3 != 0  # so the cut tail is not empty at world sizes 2 and 3
-    for world in (2, 3):
-        assert len({tuple(tails[("instance", e, world)]) for e in dist_worker.EPOCHS}) > 1  # it moves
+                    assert sorted(flat) == list(range(n))  # every image exactly once per epoch
+                else:
+                    assert len(flat) == n
+    last = [len(x["shards"][("instance", 0)][-1]) for x in sorted(results[3]["ranks"], key=lambda x: x["rank"])]
+    assert last == [len(range(k, n % batch, 3)) for k in range(3)] and 0 in last  # a rank with an empty last batch

@@ -92,7 +92,7 @@ def test_strategy_dp_cpu_form_trains_like_none(tmp_path):
     a, b = results["none"]["model"], results["dp"]["model"]
     assert a.keys() == b.keys() and not any(k.startswith("module.") for k in a)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert results["dp"]["global_step"] == 2 * steps_per_epoch(sum(digits_lt_counts(20)), 1, 32)
+    assert results["dp"]["global_step"] == 2 * steps_per_epoch(sum(digits_lt_counts(20)), 32)
 
 
 def test_run_directory_outputs(tmp_path, capsys):
@@ -143,7 +143,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
     assert any("unreadable" in r.getMessage() and newest.name in r.getMessage() for r in caplog.records)
     # A new start resumes from it (one epoch back) and trains the last epoch again.
     assert launch.run(spec, run_dir=str(run_dir)).exit_code == 0
-    assert _final_state(run_dir)["global_step"] == 2 * steps_per_epoch(sum(digits_lt_counts(20)), 1, 32)
+    assert _final_state(run_dir)["global_step"] == 2 * steps_per_epoch(sum(digits_lt_counts(20)), 32)
 
 
 def test_crt_and_tau_norm(tmp_path):
@@ -175,7 +175,7 @@ def test_train_job_callable_returns_a_summary(tmp_path):
 
     spec = make_spec(deep_update(DIGITS_QUICK, epochs=1))
     result = TrainJob(dump_yaml(spec), str(tmp_path / "run"))()
-    assert result["global_step"] == steps_per_epoch(sum(digits_lt_counts(20)), 1, 32)
+    assert result["global_step"] == steps_per_epoch(sum(digits_lt_counts(20)), 32)
     assert 0 < result["last"]["top1"] <= 1 and "per_class" not in result["last"]
     assert "many" in result["table"]
     job_file = tmp_path / "job.yaml"
@@ -257,7 +257,7 @@ def test_submitit_local_executor_runs_the_callable_on_two_ranks(tmp_path, monkey
     job = executor.submit(TrainJob(dump_yaml(spec), str(tmp_path / "run")))
     result = job.results()[0]  # rank 0's summary
     assert result["world_size"] == 2
-    assert result["global_step"] == steps_per_epoch(sum(digits_lt_counts(20)), 2, 32)
+    assert result["global_step"] == steps_per_epoch(sum(digits_lt_counts(20)), 32)
     ranks = [json.loads((tmp_path / "run" / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [(x["rank"], x["local_rank"], x["source"]) for x in ranks] == [(0, 0, "submitit-local"),
                                                                           (1, 1, "submitit-local")]

@@ -68,8 +68,8 @@ def test_usr2_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path):
                                      env=clean_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)]
     first = launch_ranks([str(job), "--run-dir", str(preempted_dir)], WORLD, tmp_path,
                          log_prefix=str(tmp_path / "first"))
-    spe = steps_per_epoch(sum(digits_lt_counts(20)), WORLD, BATCH)
-    assert spe == 52  # 417 images: 208 per rank in batches of 4
+    spe = steps_per_epoch(sum(digits_lt_counts(20)), BATCH)
+    assert spe == 53  # 417 images: 52 global batches of 8 and a last one of 1 image (rank 1 holds none of it)
     # Rank 0 logs every step; a few steps into the second epoch, signal rank 1 (only).
     _wait_for_line(tmp_path / "first-0.err", rf"epoch 2/{EPOCHS} step 3/{spe}", first)
     os.kill(first[1].pid, signal.SIGUSR2)

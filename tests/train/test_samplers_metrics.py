@@ -60,17 +60,24 @@ def test_progressive_sampler_moves_from_instance_to_balanced():
     assert _class_histogram(s, 10).tolist() == pytest.approx([0.25] * 4, abs=0.005)
 
 
-def test_shard_lengths_and_steps():
-    s = GlobalSampler(LABELS, 4, name="instance", seed=0)  # 570 images
-    for world in (1, 2, 3, 4, 7):
-        shards = [s.shard(0, r, world) for r in range(world)]
-        assert {len(x) for x in shards} == {570 // world}
-        batches = [list(s.batches(0, r, world, 16)) for r in range(world)]
-        assert len({len(b) for b in batches}) == 1  # every rank takes the same number of steps
-        assert len(batches[0]) == math.ceil((570 // world) / 16) == s.steps_per_epoch(world, 16)
+def test_global_batches_and_rank_shares():
+    s = GlobalSampler(LABELS, 4, name="instance", seed=0)  # 570 images: 35 batches of 16 and one of 10
+    sequence = s.global_sequence(0)
+    for world in (1, 2, 3, 4, 7, 16):
+        steps = [list(s.batches(0, r, world, 16)) for r in range(world)]
+        assert {len(b) for b in steps} == {math.ceil(570 / 16)} == {s.steps_per_epoch(16)}  # any world size
+        for i in range(len(steps[0])):
+            whole = sequence[16 * i:16 * (i + 1)]
+            assert all(torch.equal(steps[r][i][1], whole) for r in range(world))  # every rank knows the global batch
+            shares = [steps[r][i][0] for r in range(world)]
+            assert torch.equal(torch.cat(shares).sort().values, whole.sort().values)  # dealt out, nothing cut
+            assert max(map(len, shares)) - min(map(len, shares)) <= 1
+        assert len(steps[world - 1][-1][0]) == len(range(world - 1, 10, world))  # the short last batch
+    assert len(steps[15][-1][0]) == 0  # 16 ranks, 10 images: the last 6 ranks hold none (and still step)
     resumed = list(s.batches(2, 1, 3, 16, start_step=5))
     full = list(s.batches(2, 1, 3, 16))
-    assert all(torch.equal(a, b) for a, b in zip(resumed, full[5:])) and len(resumed) == len(full) - 5
+    assert len(resumed) == len(full) - 5
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(resumed, full[5:]))
 
 
 def test_sampler_state_round_trip():
@@ -80,7 +87,7 @@ def test_sampler_state_round_trip():
     state = s.state_dict()
     other = GlobalSampler(LABELS, 4, name="sqrt", seed=1)
     other.load_state_dict(state)
-    assert (other.epoch, other.position) == (4, 16)
+    assert (other.epoch, other.step) == (4, 2)  # the third batch was in flight
     with pytest.raises(ValueError):
         GlobalSampler(LABELS, 4, name="sqrt", seed=2).load_state_dict(state)
 
