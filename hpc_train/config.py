@@ -341,8 +341,11 @@ class TrainConfig:
     """Global batch (all ranks together); must split evenly across ranks."""
     eval_batch_size: int = 256
     """Evaluation batch per rank."""
-    sync_bn: bool = False
-    """SyncBatchNorm across ranks (CUDA only); helps when the per-GPU batch is small."""
+    sync_bn: Literal["auto", True, False] = "auto"
+    """Synchronised BatchNorm across ranks (statistics of the whole global batch). ``auto``: on when
+    a rank's batch is below 32 images and more than one rank trains (one log line says so). On at
+    every world size > 1 it makes the weights independent of the world size. CUDA uses PyTorch's
+    SyncBatchNorm, CPUs (gloo) hpc-train's own."""
     amp: Literal["off", "bf16", "fp16"] = "off"
     """Mixed precision: ``bf16`` (A100/H100 and newer), ``fp16`` with a gradient scaler (V100/T4), ``off``."""
     channels_last: bool = False
@@ -802,8 +805,6 @@ def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:
     if t.device == "cpu" or (t.device == "auto" and s.gpus_per_node == 0):
         if t.amp == "fp16":
             raise ConfigError("train.amp=fp16 needs CUDA (its gradient scaler is a GPU tool); use bf16 or off on CPU")
-        if t.sync_bn:
-            raise ConfigError("train.sync_bn needs CUDA; set it to false for CPU runs")
     if d.imbalance_factor < 1:
         raise ConfigError(f"train.data.imbalance_factor must be >= 1 (n_max/n_min), got {d.imbalance_factor}")
     if not 0 <= d.val_fraction < 1:
@@ -820,6 +821,8 @@ def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:
                           "(files of 'relative/path label' lines)")
     if d.name != "list" and (d.train_list or d.val_list or d.test_list):
         raise ConfigError(f"train.data.train_list/val_list/test_list are for name=list, not {d.name}; remove them")
+    if not isinstance(t.sync_bn, bool) and t.sync_bn != "auto":
+        raise ConfigError(f"train.sync_bn must be auto, true or false, got {t.sync_bn!r}")
     if d.stage_to and d.name != "list":
         raise ConfigError("train.data.stage_to copies list-file data sets only; remove it or use name=list")
     if loss.label_smoothing and loss.name != "ce":

@@ -122,6 +122,14 @@ def gpu_request(spec: JobSpec) -> str | None:
     return f"--gpus-per-node={s.gpus_per_node}"
 
 
+def batchnorm_text(spec: JobSpec) -> str:
+    """The ranks' BatchNorm decision (``train.sync_bn``), for the script's header."""
+    from .sync_bn import decide
+
+    t = spec.train
+    return decide(t.sync_bn, world_size=spec.slurm.world_size, batch_size=t.batch_size, strategy=t.strategy).describe()
+
+
 def heredoc_delimiter(text: str) -> str:
     """A heredoc end marker that cannot occur as a line of ``text`` (derived from its hash)."""
     marker = "HPC_TRAIN_JOB_" + hashlib.sha256(text.encode()).hexdigest()[:12].upper()
@@ -176,6 +184,7 @@ def render_sbatch(
         version=__version__,
         gpu_request=gpu_request(spec),
         container_binds=binds,
+        batchnorm=batchnorm_text(spec),
     )
     try:
         return template.render(**context)

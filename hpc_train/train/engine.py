@@ -24,11 +24,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from .. import sync_bn
 from ..config import JobSpec, LossConfig, ScheduleConfig, TrainConfig
 from ..dist import DistEnv
 from ..errors import ConfigError
 from . import checkpoint as ckpt
 from . import preempt
+from .batchnorm import broadcast_buffers, synchronise_batchnorm
 from .datasets import DataSource
 from .losses import CrossEntropy, build_loss, posthoc_adjust
 from .metrics import ClassCounter, append_jsonl, format_table, group_sizes, plot_per_class, summarize
@@ -100,8 +102,12 @@ class Trainer:
                          channels_last=t.channels_last, num_workers=t.data.num_workers)
 
         model = init_model(t, data)
-        if t.sync_bn and ctx.distributed:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.sync_bn = sync_bn.decide(t.sync_bn, world_size=ctx.world_size, batch_size=t.batch_size,
+                                      strategy=t.strategy)
+        if self.sync_bn.on and ctx.distributed:
+            model = synchronise_batchnorm(model, self.device)
+            if ctx.is_main:
+                log.info("BatchNorm %s", self.sync_bn.describe())
         model = model.to(self.device)
         if t.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -329,6 +335,8 @@ class Trainer:
         if self._saved_at_step == self.global_step:
             return path
         rng = self._gather_rng()
+        if self.ctx.distributed:
+            broadcast_buffers(self.model)  # the BatchNorm statistics saved are the ones every rank uses
         self.sampler.epoch, self.sampler.step = self.epoch, self.step_in_epoch
         if self.ctx.is_main:
             state = {
@@ -356,6 +364,8 @@ class Trainer:
         """Per-class [correct, count] of each head (features → logits) on this rank's unpadded shard of
         ``split``, summed over ranks in one all-reduce."""
         model = self.model
+        if self.ctx.distributed:
+            broadcast_buffers(model)  # every rank evaluates the model rank 0 saves
         was_training = model.training
         model.eval()
         table = torch.zeros(len(heads), 2, self.data.num_classes, dtype=torch.int64, device=self.device)

@@ -144,6 +144,7 @@ def count_parameters(model) -> int:
 
 
 def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_params: int, steps: int) -> str:
+    from ..sync_bn import decide
     from .metrics import FEW_BELOW, MANY_ABOVE, group_sizes
 
     t = spec.train
@@ -166,6 +167,7 @@ def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_par
         f"strategy {t.strategy}, device {device_text}",
         f"  batch          global {t.batch_size}, per rank {t.batch_size // world_size}, "
         f"steps per epoch {steps} (sampler {t.sampler.name})",
+        f"  batchnorm      {decide(t.sync_bn, world_size=world_size, batch_size=t.batch_size, strategy=t.strategy).describe()}",
         f"  epochs         {t.epochs}" + (f" + {t.two_stage.crt_epochs} cRT" if t.two_stage.crt_epochs else "")
         + (", then tau-normalisation" if t.two_stage.tau_norm else ""),
         f"  model          {t.model.name} ({num_params} parameters, {t.model.classifier} classifier)",
@@ -228,9 +230,10 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
                      path, env.world_size, env.source, device, t.amp, t.channels_last, t.compile)
         per_device = t.batch_size // env.world_size if t.strategy == "ddp" else t.batch_size // max(
             1, torch.cuda.device_count() if device.type == "cuda" else 1)
-        if per_device < 16 and env.rank == 0:
-            log.warning("batch per device is %d (< 16): BatchNorm statistics get noisy; raise train.batch_size "
-                        "or use train.sync_bn on GPUs", per_device)
+        unsynced = t.strategy != "ddp" or t.sync_bn is False or env.world_size == 1
+        if per_device < 16 and unsynced and env.rank == 0:
+            log.warning("batch per device is %d (< 16) and BatchNorm is not synchronised: its statistics get "
+                        "noisy; raise train.batch_size, or set train.sync_bn to auto or true (ddp)", per_device)
 
         image_root = None
         if t.data.name == "list" and t.data.stage_to:

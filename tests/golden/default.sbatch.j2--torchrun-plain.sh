@@ -1,6 +1,7 @@
 #!/bin/bash
 # cifar100-lt: rendered by hpc-train 0.1.0 from default.sbatch.j2
 # 4 node(s) x 8 rank(s) = 32 rank(s), launcher torchrun
+# BatchNorm: synchronised across ranks (sync_bn: auto, 2 images per rank < 32)
 #SBATCH --job-name=cifar100-lt
 #SBATCH --nodes=4
 #SBATCH --ntasks-per-node=1
@@ -63,7 +64,7 @@ RUN_DIR=/shared/project/runs/cifar100-lt/"$RUN_ID"
 mkdir -p "$RUN_DIR/logs"
 export HPC_TRAIN_RUN_DIR="$RUN_DIR"
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_21A4057EEF48'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_2F62470B74DA'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -111,7 +112,7 @@ train:
   epochs: 30
   batch_size: 64
   eval_batch_size: 256
-  sync_bn: false
+  sync_bn: auto
   amp: 'off'
   channels_last: false
   compile: false
@@ -178,7 +179,7 @@ train:
     crt_lr: 0.2
     crt_sampler: class_balanced
     tau_norm: false
-HPC_TRAIN_JOB_21A4057EEF48
+HPC_TRAIN_JOB_2F62470B74DA
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then

@@ -1,0 +1,38 @@
+"""The sync_bn decision (``auto``, true, false) and where it is shown: the script's header (torch-free)."""
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hpc_train import sync_bn
+from hpc_train.cli import cli
+
+JOBS = Path(__file__).resolve().parents[1] / "jobs"
+
+
+@pytest.mark.parametrize("setting, world, batch, on, text", [
+    ("auto", 1, 128, False, "one rank"),
+    ("auto", 4, 128, False, "32 images per rank >= 32"),
+    ("auto", 8, 128, True, "16 images per rank < 32"),
+    (True, 2, 128, True, "sync_bn: true, 64 images per rank"),
+    (False, 32, 128, False, "sync_bn: false, 4 images per rank"),
+    (True, 1, 128, False, "one rank"),
+])
+def test_sync_bn_decision(setting, world, batch, on, text):
+    decision = sync_bn.decide(setting, world_size=world, batch_size=batch)
+    assert decision.on is on and text in decision.reason
+    assert sync_bn.decide(True, world_size=4, batch_size=128, strategy="dp").on is False
+
+
+def test_render_shows_the_batchnorm_decision():
+    runner = CliRunner()
+    job = str(JOBS / "cifar10_lt_ldam_drw.yaml")
+    eight = runner.invoke(cli, ["render", job, "--gpus", "8"]).stdout
+    assert "# BatchNorm: synchronised across ranks (sync_bn: auto, 16 images per rank < 32)" in eight
+    four = runner.invoke(cli, ["render", job, "--gpus", "4"]).stdout
+    assert "# BatchNorm: per rank (sync_bn: auto, 32 images per rank >= 32)" in four
+    forced = runner.invoke(cli, ["render", job, "--gpus", "2", "--set", "train.sync_bn=true"]).stdout
+    assert "# BatchNorm: synchronised across ranks (sync_bn: true, 64 images per rank)" in forced
+    bad = runner.invoke(cli, ["render", job, "--set", "train.sync_bn=1"])
+    assert bad.exit_code == 2 and "train.sync_bn must be auto, true or false" in bad.output
