@@ -174,7 +174,7 @@ ModelName = Literal[
     "resnext50_32x4d", "resnext101_32x8d",
 ]  # fmt: skip
 LossName = Literal["ce", "focal", "ldam", "balanced_softmax", "logit_adjusted"]
-SamplerName = Literal["instance", "class_balanced", "sqrt", "progressive"]
+SamplerName = Literal["instance", "class_balanced", "sqrt", "progressive", "class_aware"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,7 +275,10 @@ class SamplerConfig:
     ∝ sqrt(n_c)) or ``progressive`` (instance → class-balanced over ``progressive_epochs``)."""
     progressive_epochs: int | None = None
     """Progressively balanced: epochs over which sampling moves from instance to class-balanced
-    (default: all epochs)."""
+    (default: all epochs of the stage)."""
+    per_class_draw: int = 4
+    """``class_aware``: images taken from a class each time the class comes up (classifier-balancing's
+    ``num_samples_cls``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,6 +310,10 @@ class ScheduleConfig:
     """``multistep``: epoch indices where lr is multiplied by ``gamma`` (cumulatively)."""
     gamma: float = 0.1
     """``multistep`` factor per milestone (LDAM-DRW: 0.01 at 160 and again at 180)."""
+    update: Literal["step", "epoch"] = "step"
+    """``cosine``: the lr changes every optimizer step, or once per epoch as classifier-balancing's
+    ``CosineAnnealingLR`` stepped at the start of each epoch (epoch e runs at the rate of e + 1, so
+    the last epoch runs at 0)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,8 +324,14 @@ class TwoStageConfig:
     """Epochs of classifier re-training with frozen features and class-balanced sampling (0: off)."""
     crt_lr: float = 0.2
     """Peak lr of cRT (cosine schedule, no warm-up; scaled like ``optim.lr`` when ``scale_lr``)."""
-    crt_sampler: SamplerName = "class_balanced"
-    """Sampler of the cRT epochs."""
+    crt_sampler: SamplerName = "class_aware"
+    """Sampler of the cRT epochs (default: classifier-balancing's class-aware sampler, with
+    ``sampler.per_class_draw`` images per draw and floor(N / batch) steps per epoch)."""
+    crt_bn: Literal["reestimate", "frozen"] = "reestimate"
+    """BatchNorm in cRT: ``reestimate`` keeps the frozen backbone in training mode, so its statistics are
+    re-estimated on the class-balanced batches (classifier-balancing); ``frozen`` keeps stage 1's."""
+    crt_lr_update: Literal["step", "epoch"] = "epoch"
+    """When cRT's cosine lr changes (see ``schedule.update``; ``epoch`` is classifier-balancing's)."""
     tau_norm: bool = False
     """τ-normalise the classifier weights (w_c / ||w_c||^τ, bias dropped); τ is picked on the held-out
     split (``data.val_fraction`` or ``data.val_list``) from 0, 0.1, ..., 2, never on test."""
@@ -843,6 +856,8 @@ def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:
     if t.model.classifier == "cosine" and loss.name != "ldam":
         raise ConfigError("train.model.classifier=cosine gives logits in [-1, 1] and is scaled by the LDAM loss "
                           "only; use loss ldam or classifier linear")
+    if t.sampler.per_class_draw < 1:
+        raise ConfigError(f"train.sampler.per_class_draw must be at least 1, got {t.sampler.per_class_draw}")
     if t.sampler.progressive_epochs is not None and t.sampler.progressive_epochs < 1:
         raise ConfigError(f"train.sampler.progressive_epochs must be at least 1, got {t.sampler.progressive_epochs}")
     if t.optim.lr <= 0 or t.optim.base_batch_size < 1 or t.optim.weight_decay < 0:

@@ -2,11 +2,11 @@
 
 One loop serves both stages: epochs ``[0, train.epochs)`` train the whole network, the following
 ``two_stage.crt_epochs`` re-train a re-initialised classifier on frozen features with class-balanced
-sampling (cRT), and τ-normalisation runs once at the end. The position ``(epoch, step_in_epoch)`` —
-global batches, the same at every world size — and everything needed to continue from it go into each
-checkpoint, so a run resumed from any checkpoint, end of epoch or mid-epoch after a preemption signal, at
-the same or another world size, takes the same optimizer steps on the same batches with the same
-augmentations as one that never stopped.
+sampling (cRT), and τ-normalisation of the stage-1 classifier runs once at the end. The position
+``(epoch, step_in_epoch)`` — global batches, the same at every world size — and everything needed to
+continue from it go into each checkpoint, so a run resumed from any checkpoint, end of epoch or
+mid-epoch after a preemption signal, at the same or another world size, takes the same optimizer steps on
+the same batches with the same augmentations as one that never stopped.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..config import JobSpec, LossConfig, ScheduleConfig, TrainConfig
 from ..dist import DistEnv
 from ..errors import ConfigError
 from . import checkpoint as ckpt
-from . import preempt
+from . import preempt, two_stage
 from .batchnorm import broadcast_buffers, synchronise_batchnorm
 from .datasets import DataSource
 from .losses import CrossEntropy, build_loss, posthoc_adjust
@@ -38,11 +38,9 @@ from .models import LongTailNet, build_model, make_classifier
 from .pipeline import Feed
 from .samplers import derive_seed, stage_sampler
 from .schedule import LrSchedule
+from .two_stage import TAU_GRID
 
 log = logging.getLogger("hpc_train.train")
-
-TAU_GRID = tuple(round(0.1 * i, 1) for i in range(21))
-"""τ values tried by τ-normalisation (classifier-balancing's np.linspace(0, 2, 21))."""
 
 
 @dataclass
@@ -116,6 +114,8 @@ class Trainer:
         ranks = ctx.world_size if ctx.distributed else 1
         self.criterion = build_loss(t.loss, self.counts, ranks).to(self.device)
         self.crt_criterion = CrossEntropy(self.counts, LossConfig(), ranks).to(self.device)
+        self.stage1: dict[str, Any] | None = None
+        """The stage-1 classifier and BatchNorm buffers, kept when cRT starts (τ-normalisation uses them)."""
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.amp)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.amp == "fp16")
 
@@ -139,6 +139,7 @@ class Trainer:
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
         self.best, self.last = state.get("best"), state.get("last")
+        self.stage1 = state.get("stage1")
         self._setup_phase(state["phase"], reinit_classifier=False)
         if int(state.get("world_size", ctx.world_size)) != ctx.world_size and ctx.is_main:
             # Steps are global batches and augmentations are keyed by global position: nothing changes.
@@ -167,13 +168,15 @@ class Trainer:
             self.phase_start_epoch = 0
         else:  # crt: classifier re-training on frozen features
             if reinit_classifier:
+                self.stage1 = two_stage.snapshot(self.model)
                 torch.manual_seed(derive_seed("crt", t.seed))
                 fresh = make_classifier(self.model.feature_dim, self.data.num_classes, self.model.classifier_kind)
                 self.model.classifier = fresh.to(self.device)
             for p in self.model.backbone.parameters():
                 p.requires_grad_(False)
             params = list(self.model.classifier.parameters())
-            lr, schedule_cfg, epochs = scaled_lr(t, t.two_stage.crt_lr), ScheduleConfig(name="cosine"), t.two_stage.crt_epochs
+            lr, epochs = scaled_lr(t, t.two_stage.crt_lr), t.two_stage.crt_epochs
+            schedule_cfg = ScheduleConfig(name="cosine", update=t.two_stage.crt_lr_update)
             self.phase_start_epoch = t.epochs
         self.sampler = stage_sampler(t, self.data.train.labels, self.data.num_classes, phase)
         self.steps_per_epoch = self.sampler.steps_per_epoch(t.batch_size)
@@ -242,8 +245,8 @@ class Trainer:
         criterion = self.criterion if self.phase == "main" else self.crt_criterion
         criterion.set_epoch(self.epoch)
         self.train_model.train()
-        if self.phase == "crt":
-            self.model.backbone.eval()  # frozen features: BatchNorm statistics stay as trained
+        if self.phase == "crt" and t.two_stage.crt_bn == "frozen":
+            self.model.backbone.eval()  # stage 1's BatchNorm statistics (classifier-balancing re-estimates them)
         local_epoch = self.epoch - self.phase_start_epoch
         batches = self.feed.train_batches(self.sampler, self.epoch, t.batch_size, self.step_in_epoch)
         for x, y, y_global in batches:
@@ -347,6 +350,7 @@ class Trainer:
                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
                 "scheduler": self.schedule.state_dict(), "sampler": self.sampler.state_dict(),
                 "rng": rng, "best": self.best, "last": self.last, "train_counts": self.counts,
+                "stage1": self.stage1,
             }
             ckpt.save_atomic(state, path)
             ckpt.prune(self.run_dir, self.cfg.keep_checkpoints)
@@ -396,36 +400,41 @@ class Trainer:
                 **extra, **summary, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
     def _evaluate_and_record(self) -> None:
+        """Test metrics every evaluation; with a held-out split also its metrics, and the best epoch is
+        the one with the best held-out balanced accuracy (classifier-balancing selects on val and reports
+        test there; on a balanced held-out split balanced accuracy is its top-1). Without one, the best
+        test top-1, as LDAM-DRW reports."""
         results = self.evaluate("test", self._heads())
         record = self._record(summarize(*results["plain"], self.counts))
         if "posthoc" in results:
             record["posthoc"] = {"tau": self.cfg.loss.posthoc_tau, **summarize(*results["posthoc"], self.counts)}
-        if self.best is None or record["top1"] > self.best["top1"]:
+        if self.data.val is not None:
+            held_out = summarize(*self.evaluate("val", {"plain": self._heads()["plain"]})["plain"], self.counts)
+            record["val"] = {k: held_out[k] for k in ("top1", "balanced", "many", "medium", "few")}
+        score = (lambda r: r["val"]["balanced"]) if "val" in record else (lambda r: r["top1"])
+        if self.best is None or score(record) > score(self.best):
             self.best = record
         self.last = record
         if self.ctx.is_main:
             append_jsonl(self.run_dir / "metrics.jsonl", record)
-            log.info("epoch %d/%d %s: top-1 %.2f balanced %.2f many %s medium %s few %s (best top-1 %.2f at epoch %d)",
-                     self.epoch, self.total_epochs, self.phase, 100 * record["top1"], 100 * record["balanced"],
-                     _fmt(record["many"]), _fmt(record["medium"]), _fmt(record["few"]), 100 * self.best["top1"],
-                     self.best["epoch"])
+            log.info("epoch %d/%d %s: top-1 %.2f balanced %.2f many %s medium %s few %s (best: epoch %d, test top-1 "
+                     "%.2f, chosen on %s)", self.epoch, self.total_epochs, self.phase, 100 * record["top1"],
+                     100 * record["balanced"], _fmt(record["many"]), _fmt(record["medium"]), _fmt(record["few"]),
+                     self.best["epoch"], 100 * self.best["top1"], "val" if "val" in record else "test")
 
     def _tau_normalise(self) -> dict[str, Any] | None:
-        classifier = self.model.classifier
-        if not isinstance(classifier, nn.Linear):
+        """τ-normalise the stage-1 classifier, evaluated with the stage-1 BatchNorm statistics
+        (:mod:`.two_stage`); without cRT stage 1 is the current model."""
+        stage1 = self.stage1 or two_stage.snapshot(self.model)
+        heads = two_stage.tau_heads(stage1["classifier"], self.device)
+        if heads is None:
             log.warning("two_stage.tau_norm needs a linear classifier; skipped")
             return None
-        weight = classifier.weight.detach().float()
-        norms = weight.norm(dim=1, keepdim=True)
-
-        def head(tau: float) -> Callable[[Tensor], Tensor]:
-            scaled = weight / norms.pow(tau)
-            return lambda f: f @ scaled.t()  # the bias is dropped, as in classifier-balancing's tau_norm
-
-        val = self.evaluate("val", {str(tau): head(tau) for tau in TAU_GRID})
-        scores = {tau: summarize(*val[str(tau)], self.counts)["balanced"] for tau in TAU_GRID}
-        best_tau = max(TAU_GRID, key=lambda tau: (scores[tau], -tau))  # ties: the smaller τ
-        test = self.evaluate("test", {"tau": head(best_tau)})
+        with two_stage.backbone_buffers(self.model, stage1["backbone_buffers"]):
+            val = self.evaluate("val", heads)
+            scores = {tau: summarize(*val[str(tau)], self.counts)["balanced"] for tau in TAU_GRID}
+            best_tau = max(TAU_GRID, key=lambda tau: (scores[tau], -tau))  # ties: the smaller τ
+            test = self.evaluate("test", {"tau": heads[str(best_tau)]})
         self.phase = "tau_norm"
         record = self._record(summarize(*test["tau"], self.counts), tau=best_tau,
                               val_balanced={str(k): v for k, v in scores.items()})
@@ -443,7 +452,7 @@ class Trainer:
         def brief(r: dict[str, Any] | None) -> dict[str, Any] | None:
             if r is None:
                 return None
-            keys = ("epoch", "phase", "tau", "top1", "balanced", "many", "medium", "few", "per_class")
+            keys = ("epoch", "phase", "tau", "top1", "balanced", "many", "medium", "few", "per_class", "val")
             return {k: r[k] for k in keys if k in r}
 
         summary = {
@@ -454,7 +463,8 @@ class Trainer:
             "posthoc": (self.last or {}).get("posthoc"), "table": None,
         }
         if self.ctx.is_main:
-            rows = {f"best (ep {self.best['epoch']})": self.best, "last": self.last} if self.best else {}
+            chosen = " on val" if "val" in (self.best or {}) else ""
+            rows = {f"best{chosen} (ep {self.best['epoch']})": self.best, "last": self.last} if self.best else {}
             if summary["posthoc"]:
                 rows[f"post-hoc tau={summary['posthoc']['tau']:g}"] = summary["posthoc"]
             if tau_record:

@@ -143,7 +143,8 @@ def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_params: int, steps: int) -> str:
+def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_params: int, steps: int,
+              crt_steps: int = 0) -> str:
     from ..sync_bn import decide
     from .metrics import FEW_BELOW, MANY_ABOVE, group_sizes
 
@@ -168,7 +169,8 @@ def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_par
         f"  batch          global {t.batch_size}, per rank {t.batch_size // world_size}, "
         f"steps per epoch {steps} (sampler {t.sampler.name})",
         f"  batchnorm      {decide(t.sync_bn, world_size=world_size, batch_size=t.batch_size, strategy=t.strategy).describe()}",
-        f"  epochs         {t.epochs}" + (f" + {t.two_stage.crt_epochs} cRT" if t.two_stage.crt_epochs else "")
+        f"  epochs         {t.epochs}" + (f" + {t.two_stage.crt_epochs} cRT ({crt_steps} steps per epoch, sampler "
+                                          f"{t.two_stage.crt_sampler})" if t.two_stage.crt_epochs else "")
         + (", then tau-normalisation" if t.two_stage.tau_norm else ""),
         f"  model          {t.model.name} ({num_params} parameters, {t.model.classifier} classifier)",
         f"  loss           {loss}",
@@ -202,11 +204,13 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
         model = init_model(t, data)
         build_loss(t.loss, [int(c) for c in data.train_counts])
         steps = stage_sampler(t, data.train.labels, data.num_classes, "main").steps_per_epoch(t.batch_size)
+        crt_steps = (stage_sampler(t, data.train.labels, data.num_classes, "crt").steps_per_epoch(t.batch_size)
+                     if t.two_stage.crt_epochs else 0)
         device_text = "cuda" if wants_cuda(spec) else "cpu"
         if wants_cuda(spec) and not torch.cuda.is_available():
             device_text += " (not available on this machine: the ranks need it)"
         print(plan_text(spec, data, world_size=world, device_text=device_text, num_params=count_parameters(model),
-                        steps=steps), flush=True)
+                        steps=steps, crt_steps=crt_steps), flush=True)
         return RunOutcome(0)
 
     device = select_device(spec, env)

@@ -94,11 +94,12 @@ def _pct(value: float | None) -> str:
 def format_table(results: dict[str, dict[str, Any]], train_counts: Sequence[int]) -> str:
     """The end-of-run table: one row per result (e.g. best, last), columns top-1 / balanced / groups."""
     sizes = group_sizes(train_counts)
-    head = (f"{'':14s} {'top-1':>6s} {'bal.':>6s} {'many':>6s} {'medium':>6s} {'few':>6s}\n"
-            f"{'(classes)':14s} {'':>6s} {'':>6s} {sizes['many']:>6d} {sizes['medium']:>6d} {sizes['few']:>6d}")
-    rows = [f"{label:14s} {_pct(r.get('top1'))} {_pct(r.get('balanced'))} {_pct(r.get('many'))} "
+    w = max([14, *(len(label) for label in results)])
+    head = (f"{'':{w}s} {'top-1':>6s} {'bal.':>6s} {'many':>6s} {'medium':>6s} {'few':>6s}\n"
+            f"{'(classes)':{w}s} {'':>6s} {'':>6s} {sizes['many']:>6d} {sizes['medium']:>6d} {sizes['few']:>6d}")
+    rows = [f"{label:{w}s} {_pct(r.get('top1'))} {_pct(r.get('balanced'))} {_pct(r.get('many'))} "
             f"{_pct(r.get('medium'))} {_pct(r.get('few'))}" for label, r in results.items()]
-    rule = "-" * 50
+    rule = "-" * (w + 36)
     return "\n".join([rule, head, rule, *rows, rule])
 
 

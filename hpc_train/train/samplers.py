@@ -33,19 +33,31 @@ def derive_seed(*parts: int | str) -> int:
 class GlobalSampler:
     """Index sequences over a labelled training set; one per epoch, the same on every rank.
 
-    ``instance``: a random permutation of all N images. The others draw N (class, image) pairs with
-    replacement: the class from per-class probabilities, then an image of that class uniformly —
-    ``class_balanced`` p_c = 1/C, ``sqrt`` p_c ∝ sqrt(n_c), ``progressive`` p_c(t) = (1 - t/T)·n_c/N +
-    (t/T)/C with t the epoch and T ``progressive_epochs`` (Kang et al. 2020).
+    ``instance``: a random permutation of all N images. ``class_balanced``, ``sqrt`` and ``progressive``
+    draw N (class, image) pairs with replacement: the class from per-class probabilities, then an image
+    of that class uniformly — ``class_balanced`` p_c = 1/C, ``sqrt`` p_c ∝ sqrt(n_c), ``progressive``
+    p_c(t) = (1 - t/T)·n_c/N + (t/T)/C with t the epoch *of the stage* (``phase_start_epoch`` is the
+    stage's first global epoch) and T ``progressive_epochs`` (Kang et al. 2020). ``class_aware`` is
+    classifier-balancing's ``ClassAwareSampler``: cycle through the classes in shuffled order, take
+    ``per_class_draw`` images from the class's own shuffled cycle each time it comes up; its epoch is
+    floor(N / batch_size) whole batches, the steps the reference trains per epoch. Seeds always use the
+    global epoch.
     """
 
     def __init__(self, labels: np.ndarray, num_classes: int, *, name: SamplerName, seed: int,
-                 progressive_epochs: int = 1, num_samples: int | None = None) -> None:
+                 progressive_epochs: int = 1, num_samples: int | None = None, phase_start_epoch: int = 0,
+                 per_class_draw: int = 4, batch_size: int = 1) -> None:
         self.name = name
         self.seed = seed
         self.progressive_epochs = max(1, progressive_epochs)
+        self.phase_start_epoch = phase_start_epoch
+        self.per_class_draw = per_class_draw
         labels_t = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
-        self.num_samples = num_samples if num_samples is not None else len(labels_t)
+        if num_samples is None:
+            num_samples = len(labels_t)
+            if name == "class_aware":  # classifier-balancing: int(N / batch) steps of a full batch
+                num_samples = max(1, num_samples // batch_size) * batch_size
+        self.num_samples = num_samples
         self.counts = torch.bincount(labels_t, minlength=num_classes)
         # Images grouped by class: class c owns by_class[starts[c] : starts[c] + counts[c]].
         self.by_class = torch.argsort(labels_t, stable=True)
@@ -64,7 +76,7 @@ class GlobalSampler:
         if self.name == "sqrt":
             return n.sqrt() / n.sqrt().sum()
         if self.name == "progressive":
-            t = min(1.0, epoch / self.progressive_epochs)
+            t = min(1.0, max(0, epoch - self.phase_start_epoch) / self.progressive_epochs)
             return (1 - t) * n / n.sum() + t * uniform
         raise ValueError(f"{self.name} has no class probabilities")
 
@@ -75,6 +87,8 @@ class GlobalSampler:
         gen = torch.Generator().manual_seed(derive_seed("sampler", self.seed, epoch))
         if self.name == "instance":
             seq = torch.randperm(len(self.by_class), generator=gen)[: self.num_samples]
+        elif self.name == "class_aware":
+            seq = self._class_aware(gen)
         else:
             classes = torch.multinomial(self.class_probabilities(epoch).float(), self.num_samples, replacement=True,
                                         generator=gen)
@@ -83,6 +97,32 @@ class GlobalSampler:
             seq = self.by_class[self.starts[classes] + offsets]
         self._cached = (epoch, seq)
         return seq
+
+    def _class_aware(self, gen: torch.Generator) -> torch.Tensor:
+        """ClassAwareSampler's stream, vectorised: class draws from consecutive shuffled cycles of the
+        classes; the m-th draw of class c takes items [k·m, k·m + k) of c's stream of consecutive shuffled
+        cycles of its images (k = ``per_class_draw``). The cycles start afresh every epoch (from the
+        epoch's seed) where the reference carries its iterators over: the same distribution, and an
+        epoch that depends on (seed, epoch) alone."""
+        k = self.per_class_draw
+        present = torch.nonzero(self.counts > 0).flatten()
+        draws = -(-self.num_samples // k)
+        cycles = -(-draws // len(present))
+        order = torch.cat([present[torch.randperm(len(present), generator=gen)] for _ in range(cycles)])[:draws]
+        items = torch.empty(draws, k, dtype=torch.int64)
+        by_draw = torch.argsort(order, stable=True)  # draw positions grouped by class, in draw order
+        per_class = torch.bincount(order, minlength=len(self.counts))
+        first = 0
+        for c in present.tolist():
+            m = int(per_class[c])
+            if m == 0:
+                continue
+            n_c, start = int(self.counts[c]), int(self.starts[c])
+            members = self.by_class[start:start + n_c]
+            stream = torch.cat([members[torch.randperm(n_c, generator=gen)] for _ in range(-(-m * k // n_c))])
+            items[by_draw[first:first + m]] = stream[: m * k].view(m, k)
+            first += m
+        return items.flatten()[: self.num_samples]
 
     def steps_per_epoch(self, batch_size: int) -> int:
         """Global batches per epoch, the last one short: the same at every world size."""
@@ -112,13 +152,15 @@ class GlobalSampler:
 
 
 def stage_sampler(cfg: TrainConfig, labels: np.ndarray, num_classes: int, phase: str) -> GlobalSampler:
-    """The sampler of a stage (``main`` or ``crt``), seeded apart."""
+    """The sampler of a stage (``main`` or ``crt``), seeded apart; the progressive schedule counts the
+    stage's own epochs."""
     if phase == "main":
-        name, progressive = cfg.sampler.name, cfg.sampler.progressive_epochs or cfg.epochs
+        name, progressive, start = cfg.sampler.name, cfg.sampler.progressive_epochs or cfg.epochs, 0
     else:
-        name, progressive = cfg.two_stage.crt_sampler, cfg.two_stage.crt_epochs
+        name, progressive, start = cfg.two_stage.crt_sampler, cfg.two_stage.crt_epochs, cfg.epochs
     return GlobalSampler(labels, num_classes, name=name, seed=derive_seed(cfg.seed, phase),
-                         progressive_epochs=progressive)
+                         progressive_epochs=progressive, phase_start_epoch=start,
+                         per_class_draw=cfg.sampler.per_class_draw, batch_size=cfg.batch_size)
 
 
 def eval_shard(length: int, rank: int, world_size: int) -> range:

@@ -64,7 +64,7 @@ RUN_DIR=/shared/project/runs/cifar100-lt/"$RUN_ID"
 mkdir -p "$RUN_DIR/logs"
 export HPC_TRAIN_RUN_DIR="$RUN_DIR"
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_D6D539947DFA'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_7DC18A801B4C'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -161,6 +161,7 @@ train:
   sampler:
     name: instance
     progressive_epochs: null
+    per_class_draw: 4
   optim:
     name: sgd
     lr: 0.05
@@ -174,12 +175,15 @@ train:
     warmup_epochs: 2
     milestones: []
     gamma: 0.1
+    update: step
   two_stage:
     crt_epochs: 0
     crt_lr: 0.2
-    crt_sampler: class_balanced
+    crt_sampler: class_aware
+    crt_bn: reestimate
+    crt_lr_update: epoch
     tau_norm: false
-HPC_TRAIN_JOB_D6D539947DFA
+HPC_TRAIN_JOB_7DC18A801B4C
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then

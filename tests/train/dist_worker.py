@@ -20,7 +20,7 @@ from hpc_train.train import datasets
 from hpc_train.train.engine import RankContext, Trainer
 from hpc_train.train.samplers import GlobalSampler
 
-SAMPLERS = ("instance", "class_balanced", "sqrt", "progressive")
+SAMPLERS = ("instance", "class_balanced", "sqrt", "progressive", "class_aware")
 EPOCHS = (0, 1, 2)
 SAMPLER_BATCH = 41
 """125 training images = 3 batches of 41 and one of 2: at 3 ranks one rank holds none of the last."""
@@ -61,7 +61,8 @@ def main() -> None:
     correct, count = trainer.evaluate("test", trainer._heads())["plain"]
     shards = {}
     for name in SAMPLERS:
-        sampler = GlobalSampler(data.train.labels, data.num_classes, name=name, seed=5, progressive_epochs=3)
+        sampler = GlobalSampler(data.train.labels, data.num_classes, name=name, seed=5, progressive_epochs=3,
+                                batch_size=SAMPLER_BATCH)
         for epoch in EPOCHS:
             shards[(name, epoch)] = [idx.tolist() for idx, _ in sampler.batches(epoch, env.rank, env.world_size,
                                                                                     SAMPLER_BATCH)]

@@ -146,9 +146,30 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
     assert _final_state(run_dir)["global_step"] == 2 * steps_per_epoch(sum(digits_lt_counts(20)), 32)
 
 
+def _tau_norm_by_hand(spec, model_state: dict, tau: float) -> list[int]:
+    """Per-class correct test predictions of ``model_state``'s classifier τ-normalised (bias dropped), on
+    that state's own features and BatchNorm statistics: classifier-balancing's tau_norm, written out."""
+    from hpc_train.train import datasets
+    from hpc_train.train.engine import init_model
+    from hpc_train.train.pipeline import DeviceImages
+
+    data = datasets.load(spec.train.data)
+    model = init_model(spec.train, data)
+    model.load_state_dict(model_state)
+    model.eval()
+    images = DeviceImages(data.test, torch.device("cpu"), mean=data.mean, std=data.std, crop_padding=0,
+                          flip=False, channels_last=False)
+    x, y = images.plain(torch.arange(len(data.test)))
+    w = model_state["classifier.weight"]
+    with torch.no_grad():
+        pred = (model.backbone(x) @ (w / w.norm(dim=1, keepdim=True).pow(tau)).t()).argmax(1)
+    return torch.bincount(y[pred == y], minlength=data.num_classes).tolist()
+
+
 def test_crt_and_tau_norm(tmp_path):
-    # Two epochs of joint training, two of cRT (frozen features, fresh classifier, class-balanced
-    # sampling), then τ chosen on a held-out 20% of the training set.
+    # Two epochs of joint training, two of cRT (frozen features, fresh classifier, class-aware sampling,
+    # BatchNorm statistics re-estimated), then τ-normalisation of the *stage-1* classifier with the
+    # stage-1 statistics, τ chosen on a held-out 20% of the training set.
     spec = make_spec(deep_update(DIGITS_QUICK, epochs=2, keep_checkpoints=10,
                                  data={"name": "digits-lt", "imbalance_factor": 20, "val_fraction": 0.2},
                                  two_stage={"crt_epochs": 2, "crt_lr": 0.1, "tau_norm": True}))
@@ -158,16 +179,45 @@ def test_crt_and_tau_norm(tmp_path):
               for p in ckpt.list_checkpoints(run_dir)}
     after_joint, after_crt = states[2]["model"], states[4]["model"]
     assert states[2]["phase"] == "main" and states[4]["phase"] == "crt"
-    backbone = [k for k in after_joint if k.startswith("backbone.")]
-    assert backbone and all(torch.equal(after_joint[k], after_crt[k]) for k in backbone)  # frozen, BN too
+    weights = [k for k in after_joint if k.startswith("backbone.") and k.endswith(("weight", "bias"))]
+    stats = [k for k in after_joint if k.startswith("backbone.") and k.endswith(("running_mean", "running_var"))]
+    assert weights and all(torch.equal(after_joint[k], after_crt[k]) for k in weights)  # frozen features
+    assert stats and all(not torch.equal(after_joint[k], after_crt[k]) for k in stats)  # re-estimated in cRT
     assert not torch.equal(after_joint["classifier.weight"], after_crt["classifier.weight"])
+    stage1 = states[4]["stage1"]  # kept in cRT's checkpoints, so a resumed cRT still has it
+    assert torch.equal(stage1["classifier"]["weight"], after_joint["classifier.weight"])
+    assert all(torch.equal(stage1["backbone_buffers"][k[len("backbone."):]], after_joint[k]) for k in stats)
+
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in records] == ["main", "main", "crt", "crt", "tau_norm"]
     tau = records[-1]
-    assert tau["tau"] in [round(0.1 * i, 1) for i in range(21)]
     grid = [round(0.1 * i, 1) for i in range(21)]
+    assert tau["tau"] in grid
     assert tau["tau"] == max(grid, key=lambda t: (tau["val_balanced"][str(t)], -t))  # best on held-out, ties small
     assert tau["count"] == [50] * 10  # reported on the test split, chosen on the held-out split
+    assert tau["correct"] == _tau_norm_by_hand(spec, after_joint, tau["tau"])  # the stage-1 model, normalised
+    assert tau["correct"] != _tau_norm_by_hand(spec, after_crt, tau["tau"])  # not the cRT classifier
+
+    # With a held-out split the best epoch is the best held-out balanced accuracy, reported on test.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    evaluated = records[:-1]
+    chosen = max(evaluated, key=lambda r: r["val"]["balanced"])  # max() keeps the first of equals
+    assert summary["best"]["epoch"] == chosen["epoch"] and summary["best"]["top1"] == chosen["top1"]
+    assert summary["best"]["val"] == chosen["val"]
+
+
+def test_crt_with_frozen_batchnorm_statistics(tmp_path):
+    spec = make_spec(deep_update(DIGITS_QUICK, epochs=1, keep_checkpoints=10,
+                                 two_stage={"crt_epochs": 1, "crt_lr": 0.1, "crt_bn": "frozen"}))
+    run_dir = tmp_path / "run"
+    assert launch.run(spec, run_dir=str(run_dir)).exit_code == 0
+    states = {torch.load(p, weights_only=True)["epoch"]: torch.load(p, weights_only=True)
+              for p in ckpt.list_checkpoints(run_dir)}
+    backbone = [k for k in states[1]["model"] if k.startswith("backbone.")]
+    assert backbone and all(torch.equal(states[1]["model"][k], states[2]["model"][k]) for k in backbone)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "val" not in records[0] and summary["best"]["top1"] == max(r["top1"] for r in records)  # no held-out
 
 
 def test_train_job_callable_returns_a_summary(tmp_path):

@@ -129,5 +129,6 @@ def test_imagenet_lt_recipe_dry_run(list_root, capsys, restore_signals):
     assert main(["jobs/imagenet_lt_resnext50_crt.yaml", "--dry-run", "--set", f"train.data.root={root}"]) == 0
     out = capsys.readouterr().out
     assert "world size     32 (4 node(s) x 8 rank(s))" in out and "per rank 16" in out
-    assert "+ 10 cRT, then tau-normalisation" in out and "resnext50_32x4d" in out
+    assert "+ 10 cRT (1 steps per epoch, sampler class_balanced), then tau-normalisation" in out
+    assert "resnext50_32x4d" in out and "batchnorm      synchronised across ranks" in out
     assert "21 training images, 6 held out, 12 test images" in out

@@ -60,6 +60,43 @@ def test_progressive_sampler_moves_from_instance_to_balanced():
     assert _class_histogram(s, 10).tolist() == pytest.approx([0.25] * 4, abs=0.005)
 
 
+def test_progressive_sampler_in_crt_follows_the_stage_s_own_epochs():
+    # cRT after 10 main epochs, 4 cRT epochs: T is cRT's length and t counts cRT's epochs (a global
+    # epoch of 10 would make it class-balanced from the start).
+    from hpc_train.train.samplers import stage_sampler
+
+    from .helpers import make_spec
+
+    spec = make_spec({"epochs": 10, "batch_size": 64, "two_stage": {"crt_epochs": 4, "crt_sampler": "progressive"}})
+    labels = np.repeat(LABELS, 350)  # 199,500 draws per epoch
+    s = stage_sampler(spec.train, labels, 4, "crt")
+    instance = [n / sum(COUNTS) for n in COUNTS]
+    hist = lambda e: (np.bincount(labels[s.global_sequence(e).numpy()], minlength=4)  # noqa: E731
+                      / s.num_samples).tolist()
+    assert hist(10) == pytest.approx(instance, abs=0.005)  # cRT's first epoch: t = 0
+    assert hist(12) == pytest.approx([0.5 * p + 0.5 * 0.25 for p in instance], abs=0.005)
+    assert hist(14) == pytest.approx([0.25] * 4, abs=0.005)
+    main = stage_sampler(spec.train, labels, 4, "main")
+    assert not torch.equal(main.global_sequence(10), s.global_sequence(10))  # stages are seeded apart
+
+
+def test_class_aware_sampler_cycles_classes_and_images():
+    # classifier-balancing's ClassAwareSampler: classes in shuffled cycles, k images per class per draw,
+    # each class's images in shuffled cycles; int(N / batch) whole batches per epoch.
+    s = GlobalSampler(LABELS, 4, name="class_aware", seed=0, per_class_draw=4, batch_size=64)
+    assert s.num_samples == (570 // 64) * 64 == 512 and s.steps_per_epoch(64) == 8
+    seq = s.global_sequence(0).numpy()
+    classes = LABELS[seq].reshape(-1, 4)
+    assert (classes == classes[:, :1]).all()  # 4 images of one class per draw
+    order = classes[:, 0]
+    for cycle in range(len(order) // 4):
+        assert sorted(order[4 * cycle:4 * cycle + 4].tolist()) == [0, 1, 2, 3]  # every class once per cycle
+    tail = seq[LABELS[seq] == 3] - 560  # class 3 has 10 images: consecutive cycles through all of them
+    assert all(sorted(tail[10 * c:10 * c + 10].tolist()) == list(range(10)) for c in range(len(tail) // 10))
+    assert np.bincount(order, minlength=4).tolist() == [32] * 4  # balanced
+    assert not np.array_equal(seq, s.global_sequence(1).numpy())
+
+
 def test_global_batches_and_rank_shares():
     s = GlobalSampler(LABELS, 4, name="instance", seed=0)  # 570 images: 35 batches of 16 and one of 10
     sequence = s.global_sequence(0)
