@@ -225,6 +225,10 @@ class DataConfig:
     stage_to: str | None = None
     """Copy a list-file data set's images to this node-local directory before training (e.g. ``/tmp``
     or ``$TMPDIR``); one rank per node copies, files already there with the same size are kept."""
+    color_jitter: float = 0.4
+    """Brightness, contrast and saturation jitter of on-disk training images (list, ImageFolder):
+    classifier-balancing's ``ColorJitter(0.4, 0.4, 0.4, 0)`` for ImageNet-LT and Places-LT; 0 turns it
+    off. In-memory sets (CIFAR, digits, synthetic) ignore it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -359,6 +363,9 @@ class TrainConfig:
     a rank's batch is below 32 images and more than one rank trains (one log line says so). On at
     every world size > 1 it makes the weights independent of the world size. CUDA uses PyTorch's
     SyncBatchNorm, CPUs (gloo) hpc-train's own."""
+    tf32: bool = True
+    """TF32 for float32 matmuls and convolutions on Ampere and newer GPUs (faster, ~1e-3 relative
+    precision). Off: IEEE float32, as the reference implementations ran."""
     amp: Literal["off", "bf16", "fp16"] = "off"
     """Mixed precision: ``bf16`` (A100/H100 and newer), ``fp16`` with a gradient scaler (V100/T4), ``off``."""
     channels_last: bool = False
@@ -834,6 +841,8 @@ def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:
                           "(files of 'relative/path label' lines)")
     if d.name != "list" and (d.train_list or d.val_list or d.test_list):
         raise ConfigError(f"train.data.train_list/val_list/test_list are for name=list, not {d.name}; remove them")
+    if d.color_jitter < 0:
+        raise ConfigError(f"train.data.color_jitter must be >= 0, got {d.color_jitter}")
     if not isinstance(t.sync_bn, bool) and t.sync_bn != "auto":
         raise ConfigError(f"train.sync_bn must be auto, true or false, got {t.sync_bn!r}")
     if d.stage_to and d.name != "list":
@@ -856,6 +865,9 @@ def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:
     if t.model.classifier == "cosine" and loss.name != "ldam":
         raise ConfigError("train.model.classifier=cosine gives logits in [-1, 1] and is scaled by the LDAM loss "
                           "only; use loss ldam or classifier linear")
+    if loss.name == "ldam" and t.model.classifier != "cosine":
+        raise ConfigError("train.loss.name=ldam multiplies logits by ldam_scale, which presumes the cosine "
+                          "classifier's logits in [-1, 1] (LDAM-DRW); set train.model.classifier=cosine")
     if t.sampler.per_class_draw < 1:
         raise ConfigError(f"train.sampler.per_class_draw must be at least 1, got {t.sampler.per_class_draw}")
     if t.sampler.progressive_epochs is not None and t.sampler.progressive_epochs < 1:

@@ -97,7 +97,8 @@ class Trainer:
         self.total_epochs = t.epochs + t.two_stage.crt_epochs
         self.feed = Feed(data, self.device, rank=ctx.rank, world_size=ctx.world_size, seed=t.seed,
                          crop_padding=default_crop_padding(t, data), flip=default_flip(t, data),
-                         channels_last=t.channels_last, num_workers=t.data.num_workers)
+                         channels_last=t.channels_last, num_workers=t.data.num_workers,
+                         color_jitter=t.data.color_jitter)
 
         model = init_model(t, data)
         self.sync_bn = sync_bn.decide(t.sync_bn, world_size=ctx.world_size, batch_size=t.batch_size,

@@ -103,8 +103,21 @@ def configure_backends(spec: JobSpec, env: DistEnv, device) -> None:
     else:
         torch.backends.cudnn.benchmark = t.cudnn_benchmark
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 on Ampere+: the default for convolutions too
-        torch.backends.cudnn.allow_tf32 = True
+        set_tf32(t.tf32)
+
+
+def set_tf32(on: bool) -> None:
+    """TF32 for float32 matmuls and convolutions, or IEEE float32. One precision API only: torch 2.14
+    refuses a mix of the ``fp32_precision`` settings and the older ``allow_tf32`` flags."""
+    import torch
+
+    precision = "tf32" if on else "ieee"
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = precision
+        torch.backends.cudnn.conv.fp32_precision = precision
+    else:  # torch before 2.9
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
 
 
 def default_run_dir(spec: JobSpec) -> Path:

@@ -12,8 +12,8 @@ epoch resumed mid-way (at any world size, on any device) sees exactly the augmen
 seen. At world size 1 the draws are those of the rank-keyed scheme before it (rank 0).
 
 On-disk sets (list files, ImageFolder) use a DataLoader per split with our batch sampler, pinned
-memory on CUDA and persistent workers; augmentation is torchvision's RandomResizedCrop + flip, run under
-a per-sample seed drawn the same way, so the workers' own RNG plays no part.
+memory on CUDA and persistent workers; augmentation is torchvision's RandomResizedCrop + flip (+ color
+jitter), run under a per-sample seed drawn the same way, so the workers' own RNG plays no part.
 
 Every training batch comes with the targets of its whole global batch: the losses normalise over them.
 """
@@ -160,11 +160,13 @@ class FileImages(torch.utils.data.Dataset):
             return self.transform(image), int(self.split.labels[i])
 
 
-def _transforms(size: int, mean, std, train: bool):
+def _transforms(size: int, mean, std, train: bool, color_jitter: float = 0.0):
     from torchvision import transforms as T
 
     if train:
-        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std)])
+        jitter = [T.ColorJitter(color_jitter, color_jitter, color_jitter, 0)] if color_jitter > 0 else []
+        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *jitter, T.ToTensor(),
+                          T.Normalize(mean, std)])
     return T.Compose([T.Resize(int(round(size * 256 / 224))), T.CenterCrop(size), T.ToTensor(), T.Normalize(mean, std)])
 
 
@@ -226,10 +228,12 @@ class Feed:
     """Training batches of one rank for one epoch, and evaluation batches of one rank's unpadded shard."""
 
     def __init__(self, data: DataSource, device: torch.device, *, rank: int, world_size: int, seed: int,
-                 crop_padding: int, flip: bool, channels_last: bool, num_workers: int) -> None:
+                 crop_padding: int, flip: bool, channels_last: bool, num_workers: int,
+                 color_jitter: float = 0.0) -> None:
         self.data, self.device, self.rank, self.world_size, self.seed = data, device, rank, world_size, seed
         self.channels_last = channels_last
         self.num_workers = num_workers
+        self.color_jitter = color_jitter
         self._mem: dict[str, DeviceImages] = {}
         self._loaders: dict[tuple, torch.utils.data.DataLoader] = {}
         self._aug = dict(mean=data.mean, std=data.std, crop_padding=crop_padding, flip=flip,
@@ -273,7 +277,8 @@ class Feed:
         key = ("train", id(sampler), batch_size)
         if key not in self._loaders:
             batches = _ShardBatches(sampler, self.rank, self.world_size, batch_size, self.seed)
-            dataset = FileImages(self.data.train, _transforms(self.data.image_size, self.data.mean, self.data.std, True))
+            dataset = FileImages(self.data.train, _transforms(self.data.image_size, self.data.mean, self.data.std,
+                                                              True, self.color_jitter))
             self._loader(key, dataset, batches, persistent=True, collate_fn=_CollateOrEmpty(self.data.image_size))
         loader = self._loaders[key]
         loader.batch_sampler.epoch, loader.batch_sampler.start_step = epoch, start_step

@@ -64,7 +64,7 @@ RUN_DIR=/shared/project/runs/cifar100-lt/"$RUN_ID"
 mkdir -p "$RUN_DIR/logs"
 export HPC_TRAIN_RUN_DIR="$RUN_DIR"
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_7DC18A801B4C'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_C84537945E94'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -113,6 +113,7 @@ train:
   batch_size: 64
   eval_batch_size: 256
   sync_bn: auto
+  tf32: true
   amp: 'off'
   channels_last: false
   compile: false
@@ -144,6 +145,7 @@ train:
     num_workers: 4
     download: false
     stage_to: null
+    color_jitter: 0.4
   model:
     name: small_cnn
     classifier: linear
@@ -183,7 +185,7 @@ train:
     crt_bn: reestimate
     crt_lr_update: epoch
     tau_norm: false
-HPC_TRAIN_JOB_7DC18A801B4C
+HPC_TRAIN_JOB_C84537945E94
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then

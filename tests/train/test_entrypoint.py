@@ -35,6 +35,8 @@ def _one_or_two_lines_no_traceback(err: str) -> None:
     (["train.optimizer=adam"], "unknown key 'train.optimizer'"),
     (["train.loss.label_smoothing=0.1"], "label_smoothing applies to ce only"),
     (["train.two_stage.tau_norm=true"], "never on test"),
+    (["train.loss.name=ldam"], "presumes the cosine classifier's logits in [-1, 1]"),
+    (["train.data.color_jitter=-0.1"], "color_jitter must be >= 0"),
     (["train.data.name=list", "train.data.train_list=a.txt", "train.data.test_list=b.txt",
       "train.data.root=/nonexistent"], "list file not found: /nonexistent/a.txt"),
 ])
@@ -311,6 +313,24 @@ def test_submitit_local_executor_runs_the_callable_on_two_ranks(tmp_path, monkey
     ranks = [json.loads((tmp_path / "run" / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [(x["rank"], x["local_rank"], x["source"]) for x in ranks] == [(0, 0, "submitit-local"),
                                                                           (1, 1, "submitit-local")]
+
+
+def test_tf32_uses_one_precision_api_and_the_reproduction_recipes_turn_it_off():
+    from hpc_train.config import resolve_job
+    from hpc_train.train.launch import set_tf32
+
+    flags = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+    before = [f.fp32_precision for f in flags]
+    try:
+        set_tf32(False)
+        assert [f.fp32_precision for f in flags] == ["ieee", "ieee"]
+        set_tf32(True)
+        assert [f.fp32_precision for f in flags] == ["tf32", "tf32"]
+    finally:
+        for f, value in zip(flags, before):
+            f.fp32_precision = value
+    for recipe in sorted((REPO / "jobs").glob("cifar*.yaml")):  # fp32 as the references ran
+        assert resolve_job(recipe)[0].train.tf32 is False, recipe.name
 
 
 def test_run_directory_choice(tmp_path, monkeypatch):

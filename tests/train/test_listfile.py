@@ -63,6 +63,25 @@ def test_list_loader_reads_exactly_what_the_lists_say(list_root):
         assert torch.allclose(img, expected.expand(3, 16, 16), atol=1e-5)
 
 
+def test_file_sets_augment_each_image_under_its_own_seed(list_root):
+    # The transforms (RandomResizedCrop, flip, classifier-balancing's ColorJitter) run under the item's
+    # seed: the same (image, seed) gives the same tensor in any process or worker, and torch's global
+    # generator is left alone.
+    from hpc_train.train.pipeline import FileImages, _transforms
+
+    root, _ = list_root
+    data = datasets.load(DataConfig(name="list", root=str(root), train_list="train.txt", test_list="test.txt"))
+    names = [type(t).__name__ for t in _transforms(16, data.mean, data.std, True, 0.4).transforms]
+    assert names == ["RandomResizedCrop", "RandomHorizontalFlip", "ColorJitter", "ToTensor", "Normalize"]
+    assert "ColorJitter" not in [type(t).__name__ for t in _transforms(16, data.mean, data.std, True, 0.0).transforms]
+    images = FileImages(data.train, _transforms(16, data.mean, data.std, True, 0.4))
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    a, b, c = images[(3, 12345)][0], images[(3, 12345)][0], images[(3, 999)][0]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_list_training_run_with_workers_and_staging(list_root, tmp_path):
     root, _ = list_root
     stage = tmp_path / "node-local"
@@ -129,6 +148,6 @@ def test_imagenet_lt_recipe_dry_run(list_root, capsys, restore_signals):
     assert main(["jobs/imagenet_lt_resnext50_crt.yaml", "--dry-run", "--set", f"train.data.root={root}"]) == 0
     out = capsys.readouterr().out
     assert "world size     32 (4 node(s) x 8 rank(s))" in out and "per rank 16" in out
-    assert "+ 10 cRT (1 steps per epoch, sampler class_balanced), then tau-normalisation" in out
+    assert "+ 10 cRT (1 steps per epoch, sampler class_aware), then tau-normalisation" in out  # 21 < 512 images
     assert "resnext50_32x4d" in out and "batchnorm      synchronised across ranks" in out
     assert "21 training images, 6 held out, 12 test images" in out
