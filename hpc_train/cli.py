@@ -87,6 +87,8 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Where run directories go (default: ./runs)."),
         click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                      help="Override any job key, value read as YAML (e.g. --set train.epochs=10). Repeatable."),
+        click.option("--epochs", type=click.IntRange(min=1), metavar="N", help="Train N epochs, every epoch-indexed key (warm-up, "
+                     "milestones, DRW, cRT) rescaled in proportion; prints what it changed."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -140,6 +142,12 @@ def _resolve_with_sweep(kwargs: dict[str, Any], job_file: Path | None = None):
     spec, sources = resolve_job(path, sets=kwargs.get("sets", ()), flags=flags)
     points = sweep_points(kwargs.get("sweeps", ()), kwargs.get("sweep_file"))
     sweep = resolve_sweep(path, sets=kwargs.get("sets", ()), flags=flags, points=points) if points else []
+    if kwargs.get("epochs") is not None:
+        from .epochs import describe, rescale
+
+        spec, changes = rescale(spec, kwargs["epochs"])
+        sweep = [rescale(s, kwargs["epochs"])[0] for s in sweep]
+        click.echo(describe(kwargs["epochs"], changes), err=True)
     return (sweep[0] if sweep else spec), sources, sweep
 
 
@@ -293,12 +301,14 @@ def simulate(nodelist: str | None, job_id: int, as_json: bool, **kwargs: Any) ->
 def train(train_args: tuple[str, ...]) -> None:
     """Run the training entrypoint in this process (under srun, torchrun, or alone).
 
-    Arguments go to `python -m hpc_train.train`: JOB [--set KEY=VALUE]... [--dry-run] [--run-dir DIR].
+    Arguments go to `python -m hpc_train.train`: JOB [--set KEY=VALUE]... [--epochs N] [--dry-run]
+    [--run-dir DIR].
 
     \b
     Examples:
       hpc-train train jobs/digits_lt_demo.yaml --set train.epochs=2
       hpc-train train jobs/cifar10_lt_ldam_drw.yaml --dry-run --set train.data.root=/data/cifar
+      hpc-train train jobs/cifar10_lt_ldam_drw.yaml --epochs 3 --set train.data.root=/data/cifar
     """
     try:
         from .train.__main__ import main as train_main

@@ -877,8 +877,8 @@ def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:
     sch = t.schedule
     if not 0 <= sch.warmup_epochs < t.epochs:
         raise ConfigError(f"train.schedule.warmup_epochs={sch.warmup_epochs} must be in [0, epochs={t.epochs})")
-    if list(sch.milestones) != sorted(sch.milestones) or any(m < 1 for m in sch.milestones):
-        raise ConfigError(f"train.schedule.milestones must be increasing epoch indices >= 1, got {list(sch.milestones)}")
+    if list(sch.milestones) != sorted(sch.milestones) or any(m < 0 for m in sch.milestones):
+        raise ConfigError(f"train.schedule.milestones must be increasing epoch indices >= 0, got {list(sch.milestones)}")
     if sch.milestones and sch.name != "multistep":
         raise ConfigError(f"train.schedule.milestones are used by multistep only, not {sch.name}; remove them")
     ts = t.two_stage

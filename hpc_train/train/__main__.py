@@ -1,4 +1,4 @@
-"""``python -m hpc_train.train JOB.yaml [--set k=v]... [--dry-run] [--run-dir DIR]`` — run this rank.
+"""``python -m hpc_train.train JOB.yaml [--set k=v]... [--epochs N] [--dry-run] [--run-dir DIR]`` — run this rank.
 
 Under srun every task runs this (the plain sbatch script passes the fully resolved config it wrote
 into the run directory); under torchrun every worker; alone it is a one-process run. Exit codes:
@@ -10,6 +10,7 @@ saying what to change), 75 checkpointed after a preemption signal but not requeu
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("job", metavar="JOB.yaml", help="job file (the JobSpec schema: name, slurm, train)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set train.epochs=10 (repeatable)")
+    parser.add_argument("--epochs", type=int, metavar="N", default=None,
+                        help="train N epochs, every epoch-indexed key (warm-up, milestones, DRW, cRT) rescaled in "
+                             "proportion; prints what it changed")
     parser.add_argument("--dry-run", action="store_true",
                         help="build data, model, sampler and loss, print the plan, exit without training")
     parser.add_argument("--resolved", action="store_true",
@@ -52,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         site = SiteConfig(path=None, defaults={}, template_dirs=()) if args.resolved else None
         spec, sources = resolve_job(Path(args.job), sets=args.sets, site=site)
+        if args.epochs is not None:
+            from hpc_train.epochs import describe, rescale
+
+            spec, changes = rescale(spec, args.epochs)
+            if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+                print(describe(args.epochs, changes), file=sys.stderr, flush=True)
         preempt.install(spec.slurm.signal)
         from hpc_train.train import launch  # imports torch
 
