@@ -101,12 +101,12 @@ class Trainer:
                          color_jitter=t.data.color_jitter)
 
         model = init_model(t, data)
-        self.sync_bn = sync_bn.decide(t.sync_bn, world_size=ctx.world_size, batch_size=t.batch_size,
-                                      strategy=t.strategy)
-        if self.sync_bn.on and ctx.distributed:
+        self.batchnorm = sync_bn.decide(t.sync_bn, world_size=ctx.world_size, batch_size=t.batch_size,
+                                        strategy=t.strategy)
+        if self.batchnorm.on and ctx.distributed:
             model = synchronise_batchnorm(model, self.device)
             if ctx.is_main:
-                log.info("BatchNorm %s", self.sync_bn.describe())
+                log.info("BatchNorm %s", self.batchnorm.describe())
         model = model.to(self.device)
         if t.channels_last:
             model = model.to(memory_format=torch.channels_last)
