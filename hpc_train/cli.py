@@ -87,8 +87,9 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Where run directories go (default: ./runs)."),
         click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                      help="Override any job key, value read as YAML (e.g. --set train.epochs=10). Repeatable."),
-        click.option("--epochs", type=click.IntRange(min=1), metavar="N", help="Train N epochs, every epoch-indexed key (warm-up, "
-                     "milestones, DRW, cRT) rescaled in proportion; prints what it changed."),
+        click.option("--epochs", type=click.IntRange(min=1), metavar="N",
+                     help="Train N epochs, every epoch-indexed key (warm-up, milestones, DRW, cRT) rescaled in "
+                          "proportion; prints what it changed."),
     ]
     for option in reversed(options):
         func = option(func)
