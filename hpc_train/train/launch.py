@@ -162,6 +162,7 @@ def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_par
     from .metrics import FEW_BELOW, MANY_ABOVE, group_sizes
 
     t = spec.train
+    batchnorm = decide(t.sync_bn, world_size=world_size, batch_size=t.batch_size, strategy=t.strategy)
     counts = [int(c) for c in data.train_counts]
     groups = group_sizes(counts)
     rows = [" ".join(str(c) for c in counts[i:i + 20]) for i in range(0, len(counts), 20)]
@@ -181,7 +182,7 @@ def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_par
         f"strategy {t.strategy}, device {device_text}",
         f"  batch          global {t.batch_size}, per rank {t.batch_size // world_size}, "
         f"steps per epoch {steps} (sampler {t.sampler.name})",
-        f"  batchnorm      {decide(t.sync_bn, world_size=world_size, batch_size=t.batch_size, strategy=t.strategy).describe()}",
+        f"  batchnorm      {batchnorm.describe()}",
         f"  epochs         {t.epochs}" + (f" + {t.two_stage.crt_epochs} cRT ({crt_steps} steps per epoch, sampler "
                                           f"{t.two_stage.crt_sampler})" if t.two_stage.crt_epochs else "")
         + (", then tau-normalisation" if t.two_stage.tau_norm else ""),

@@ -298,9 +298,11 @@ class Feed:
         if not steps:
             return
         mine = slice(self.rank, None, self.world_size)
-        # The trailing 0 is where the rank went: world size 1 keeps the draws it always had.
-        draws = [images.draw(len(whole), torch.Generator().manual_seed(derive_seed("augment", self.seed, epoch, step, 0)))
-                 for step, (_, whole) in enumerate(steps, start_step)]
+        def draw(step: int, size: int) -> Tensor | None:
+            # The trailing 0 is where the rank went: world size 1 keeps the draws it always had.
+            return images.draw(size, torch.Generator().manual_seed(derive_seed("augment", self.seed, epoch, step, 0)))
+
+        draws = [draw(step, len(whole)) for step, (_, whole) in enumerate(steps, start_step)]
         epoch_idx = self._upload(torch.cat([idx for idx, _ in steps]))
         epoch_whole = self._upload(torch.cat([whole for _, whole in steps]))
         coords = None if draws[0] is None else self._upload(torch.cat([d[mine] for d in draws]))

@@ -44,7 +44,8 @@ def backbone_buffers(model: LongTailNet, buffers: dict[str, Tensor]) -> Iterator
                 current[k].copy_(v)
 
 
-def tau_heads(classifier_state: dict[str, Tensor], device: torch.device) -> dict[str, Callable[[Tensor], Tensor]] | None:
+def tau_heads(classifier_state: dict[str, Tensor],
+              device: torch.device) -> dict[str, Callable[[Tensor], Tensor]] | None:
     """One head per τ in :data:`TAU_GRID`: features @ (w_c / ||w_c||^τ)ᵀ, the bias dropped as in
     classifier-balancing's tau_norm. None when the classifier is not linear (no weight and bias)."""
     if "bias" not in classifier_state:
