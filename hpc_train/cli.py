@@ -93,24 +93,13 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _job_path(job: str | None) -> Path | None:
-    """A path, or the name of a shipped example job (``cifar10_lt_ldam_drw``)."""
-    if job is None:
-        return None
-    path = Path(job)
-    if path.exists() or "/" in job or job.endswith((".yaml", ".yml")):
-        return path
-    from .resources import jobs_dir
+def _resolve(kwargs: dict[str, Any], job: str | Path | None = None):
+    """The job a command works on (site file, job file, --set, flags and any sweep), through config.resolve."""
+    from .config import resolve
 
-    for candidate in (jobs_dir() / f"{job}.yaml", jobs_dir() / job):
-        if candidate.is_file():
-            return candidate
-    return path  # not found: config reports "job file not found" with the path
-
-
-def _resolve(kwargs: dict[str, Any]):
-    spec, sources, _ = _resolve_with_sweep(kwargs)
-    return spec, sources
+    flags = {key: kwargs.get(opt) for opt, key in _FLAG_KEYS.items()}
+    return resolve(job if job is not None else kwargs.get("job"), sets=kwargs.get("sets", ()), flags=flags,
+                   sweeps=kwargs.get("sweeps", ()), sweep_file=kwargs.get("sweep_file"))
 
 
 def _echo_json(data: Any) -> None:
@@ -128,19 +117,6 @@ def sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(options):
         func = option(func)
     return func
-
-
-def _resolve_with_sweep(kwargs: dict[str, Any], job_file: Path | None = None):
-    """(spec, sources, sweep specs) — the sweep is empty without --sweep/--sweep-file."""
-    from .config import resolve_job
-    from .submit import resolve_sweep, sweep_points
-
-    flags = {key: kwargs.get(opt) for opt, key in _FLAG_KEYS.items()}
-    path = job_file if job_file is not None else _job_path(kwargs.get("job"))
-    spec, sources = resolve_job(path, sets=kwargs.get("sets", ()), flags=flags)
-    points = sweep_points(kwargs.get("sweeps", ()), kwargs.get("sweep_file"))
-    sweep = resolve_sweep(path, sets=kwargs.get("sets", ()), flags=flags, points=points) if points else []
-    return (sweep[0] if sweep else spec), sources, sweep
 
 
 # ------------------------------------------------------------------------------------------------
@@ -166,8 +142,9 @@ def render(output: Path | None, **kwargs: Any) -> None:
     """
     from .submit import render_plain
 
-    spec, sources, sweep = _resolve_with_sweep(kwargs)
-    script = render_plain(spec, sources, sweep=sweep, max_parallel=kwargs.get("max_parallel"))
+    resolved = _resolve(kwargs)
+    spec = resolved.spec
+    script = render_plain(spec, resolved.sources, sweep=resolved.sweep, max_parallel=kwargs.get("max_parallel"))
     if output is None:
         click.echo(script, nl=False)
     else:
@@ -214,7 +191,8 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
             raise ConfigError("give either JOB or --resume RUN (a resumed run keeps its own job)")
         run = submit_mod.resolve_run(resume, _runs_root(kwargs.get("runs_dir")))
         resume_dir, job_file = run.run_dir, submit_mod.continued_spec(run)
-    spec, sources, sweep = _resolve_with_sweep(kwargs, job_file)
+    resolved = _resolve(kwargs, job_file)
+    spec, sources, sweep = resolved.spec, resolved.sources, list(resolved.sweep)
     max_parallel = kwargs.get("max_parallel")
     if dry_run:
         chosen, note = submit_mod.choose_cluster(cluster, spec)  # type: ignore[arg-type]
@@ -266,8 +244,7 @@ def simulate(nodelist: str | None, job_id: int, as_json: bool, **kwargs: Any) ->
     """
     from .dist import simulate as simulate_ranks
 
-    spec, _ = _resolve(kwargs)
-    s = spec.slurm
+    s = _resolve(kwargs).spec.slurm
     nodelist = nodelist or (f"node[01-{s.nodes:02d}]" if s.nodes > 1 else "node01")
     envs = simulate_ranks(nodelist, nodes=s.nodes, ranks_per_node=s.ranks_per_node, job_id=job_id,
                           port_base=s.master_port_base, port_span=s.master_port_span)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import itertools
 import json
 import os
 import re
@@ -28,7 +27,7 @@ from typing import Any, Iterator, Literal, Mapping, Sequence
 
 from . import __version__
 from . import slurm as slurm_cli
-from .config import JobSpec, JobSources, check_dotted_key, dump_yaml, load_yaml_file, resolve_job, yaml_load
+from .config import JobSpec, JobSources, dump_yaml
 from .errors import ConfigError, JobFailedError, SubmitError
 from .render import LaunchSpec, render_sbatch
 
@@ -121,80 +120,6 @@ def _free_port() -> int:
 
 def _submitit_command(python: str, folder: Path) -> str:
     return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
-
-
-# ------------------------------------------------------------------------------------------------
-# Sweeps
-# ------------------------------------------------------------------------------------------------
-
-
-def _sweep_values(raw: str) -> list[Any]:
-    text = raw.strip()
-    if text.startswith("["):
-        values = yaml_load(text)
-        if not isinstance(values, list):
-            raise ConfigError(f"--sweep value {raw!r} is not a list")
-        return values
-    return [yaml_load(v) if v.strip() else "" for v in text.split(",")]
-
-
-def _check_sweep_key(key: str) -> None:
-    check_dotted_key(key)
-    if not key.startswith("train."):
-        raise ConfigError(f"--sweep {key}: one job array shares one allocation shape, so a sweep may only vary "
-                          "train.* keys; submit separate jobs to vary slurm.*")
-
-
-def sweep_points(sweeps: Sequence[str] = (), sweep_file: Path | None = None) -> list[dict[str, Any]]:
-    """The grid (Cartesian product) of ``--sweep key=v1,v2`` options, or the points of a sweep file:
-    a mapping ``{key: [values]}`` (grid) or a list of ``{key: value}`` mappings (explicit points)."""
-    axes: list[tuple[str, list[Any]]] = []
-    points: list[dict[str, Any]] | None = None
-    for item in sweeps:
-        if "=" not in item:
-            raise ConfigError(f"--sweep {item!r}: expected KEY=V1,V2,..., e.g. --sweep train.loss.name=ce,balanced_softmax")
-        key, raw = item.split("=", 1)
-        _check_sweep_key(key.strip())
-        values = _sweep_values(raw)
-        if not values:
-            raise ConfigError(f"--sweep {item!r}: no values")
-        axes.append((key.strip(), values))
-    if sweep_file is not None:
-        data = load_yaml_file(sweep_file, "sweep file") if sweep_file.suffix in (".yaml", ".yml") else None
-        if data is None:
-            raise ConfigError(f"sweep file {sweep_file} must be YAML (.yaml)")
-        raw_points = data.get("points") if isinstance(data, dict) and "points" in data else None
-        if raw_points is not None:
-            if not isinstance(raw_points, list) or not all(isinstance(p, dict) for p in raw_points):
-                raise ConfigError(f"{sweep_file}: 'points' must be a list of {{key: value}} mappings")
-            points = [dict(p) for p in raw_points]
-            for point in points:
-                for key in point:
-                    _check_sweep_key(str(key))
-        else:
-            for key, values in data.items():
-                _check_sweep_key(str(key))
-                if not isinstance(values, list) or not values:
-                    raise ConfigError(f"{sweep_file}: {key} must map to a non-empty list of values")
-                axes.append((str(key), values))
-    grid = [dict(zip([k for k, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])] if axes else []
-    if points is not None:
-        return [dict(p, **g) for p in points for g in (grid or [{}])]
-    return grid
-
-
-def _point_sets(point: Mapping[str, Any]) -> list[str]:
-    return [f"{key}={json.dumps(value) if not isinstance(value, str) else value}" for key, value in point.items()]
-
-
-def resolve_sweep(job_file: Path | None, *, sets: Sequence[str], flags: Mapping[str, Any],
-                  points: Sequence[Mapping[str, Any]]) -> list[JobSpec]:
-    specs = [resolve_job(job_file, sets=[*sets, *_point_sets(p)], flags=flags)[0] for p in points]
-    first = specs[0]
-    for spec in specs[1:]:
-        if spec.slurm != first.slurm or spec.name != first.name or spec.runs_dir != first.runs_dir:
-            raise ConfigError("sweep points must share name, runs_dir and slurm.*; vary only train.* keys")
-    return specs
 
 
 # ------------------------------------------------------------------------------------------------

@@ -126,9 +126,10 @@ exit 0
 def test_hostile_values_are_data_not_code(tmp_path):
     mark = tmp_path / "PWNED"
     hostile = HOSTILE
-    runs_root = tmp_path / f"runs {hostile}"
+    # '%' is refused in names and run paths (Slurm expands it in log paths); everywhere else it is data.
+    runs_root = tmp_path / f"runs {hostile.replace('%', '')}"
     multi_line = hostile + "\nsecond line; touch PWNED"
-    spec, _ = resolve_job(None, site=NO_SITE, flags={"name": f"job {hostile}"}, sets=[
+    spec, _ = resolve_job(None, site=NO_SITE, flags={"name": f"job {hostile.replace('%', '')}"}, sets=[
         "slurm.python=" + sys.executable,
     ])
     spec = config.replace(spec, slurm=config.replace(
@@ -155,7 +156,7 @@ def test_hostile_values_are_data_not_code(tmp_path):
     assert argv("module") == ["load", hostile, multi_line]
     srun_args = argv("srun")
     assert f"--comment={hostile}" in srun_args
-    run_dir = runs_root / f"job {hostile}" / "4242"
+    run_dir = runs_root / spec.name / "4242"
     assert f"--output={run_dir}/logs/rank-%t.log" in srun_args
     assert srun_args[-2:] == [str(run_dir / "job.yaml")] or str(run_dir / "job.yaml") in srun_args
     srun_env = dict(item.split("=", 1) for item in (log_dir / "srun.env").read_bytes().decode().split("\0") if "=" in item)
