@@ -30,6 +30,7 @@ Source = Literal["torchrun", "slurm", "submitit-local", "single"]
 
 DEFAULT_PORT_BASE = 20000
 DEFAULT_PORT_SPAN = 12000
+MAX_SIMULATED_RANKS = 100_000
 
 
 class DistError(HpcTrainError):
@@ -231,11 +232,14 @@ def simulate(nodelist: str, *, nodes: int, ranks_per_node: int, job_id: int = 12
              port_span: int = DEFAULT_PORT_SPAN) -> list[DistEnv]:
     """What each rank of an allocation would see, computed by feeding Slurm-shaped environments to
     :meth:`DistEnv.from_environ` — the same code path the ranks run."""
-    hosts = hostlist.expand(nodelist)
-    if len(hosts) != nodes:
-        raise DistError(f"node list {nodelist!r} has {len(hosts)} hosts but the job asks for {nodes} nodes; "
+    found = hostlist.count(nodelist)  # counted, not expanded: 'gpu[1-99999999]' must not build a list first
+    if found != nodes:
+        raise DistError(f"node list {nodelist!r} has {found:,} hosts but the job asks for {nodes} nodes; "
                         "give a node list with exactly that many hosts")
     world = nodes * ranks_per_node
+    if world > MAX_SIMULATED_RANKS:
+        raise DistError(f"{world:,} ranks; simulate shows at most {MAX_SIMULATED_RANKS:,} (a few nodes tell the pattern)")
+    hosts = hostlist.expand(nodelist)
     out = []
     for node_rank, host in enumerate(hosts):
         for local_rank in range(ranks_per_node):
