@@ -420,11 +420,11 @@ def _site_dirs() -> tuple[Path, ...]:
 
 @templates.command("list", context_settings=CONTEXT)
 def templates_list() -> None:
-    """List the templates and which file wins on the search path."""
+    """List the templates and partials, which file wins on the search path, and what it overrides."""
     from .render import list_templates, search_path
 
-    for name, path in list_templates(_site_dirs()):
-        click.echo(f"{name}  {path}")
+    for name, path, overridden in list_templates(_site_dirs()):
+        click.echo(f"{name}  {path}" + (f"  (overrides {', '.join(map(str, overridden))})" if overridden else ""))
     click.echo("search path: " + ", ".join(str(d) for d in search_path(_site_dirs())), err=True)
 
 
