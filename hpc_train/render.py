@@ -23,13 +23,14 @@ import hashlib
 import re
 import shlex
 import traceback
+from types import SimpleNamespace
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Sequence
 
 import jinja2
 
-from . import __version__
+from . import __version__, rundir
 from .config import JobSpec, dump_yaml
 from .errors import TemplateError
 from .resources import templates_dir
@@ -221,6 +222,8 @@ def render_sbatch(
         version=__version__,
         gpu_request=gpu_request(spec),
         container_binds=binds,
+        run_files=SimpleNamespace(state_log=rundir.STATE_LOG),
+        exit_codes=SimpleNamespace(checkpointed=rundir.EXIT_CHECKPOINTED),
     )
     try:
         return template.render(**context)
