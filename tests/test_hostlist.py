@@ -1,4 +1,4 @@
-"""Node-list expansion against the vectors real launchers got wrong (notes: launchers-landscape §6)."""
+"""Node-list expansion against the node lists real launchers got wrong (Lightning reads rack[1-2]-n[01-02] as rack1)."""
 
 import pytest
 
