@@ -177,3 +177,12 @@ def test_resume_refuses_a_run_that_still_runs(tmp_path, stub_slurm):
     result = cli("submit", "--resume", "demo/4242", cwd=tmp_path, env=stub_slurm.env(HOME=str(tmp_path)))
     assert_refused(result, "is running; wait for it to end")
     assert tree(tmp_path) == before and stub_slurm.calls("sbatch") == []
+
+
+def test_hpc_train_train_is_the_ranks_entrypoint_and_takes_example_names(tmp_path):
+    # 16/19. `hpc-train train` runs `python -m hpc_train.train` (one lifecycle), with shipped example names.
+    result = cli("train", "digits_lt_demo", "--set", "train.loss.name=nope", cwd=tmp_path, env=no_slurm_env(tmp_path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("error: train.loss.name: must be one of 'ce'")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert tree(tmp_path) == ["empty-site.yaml"]

@@ -130,9 +130,14 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
     else:
         click.echo(f"submitted {result.run_name} (job {result.job_id}, {result.cluster}); run dir {result.run_dir}")
     if wait:
-        if not as_json:
-            submit_mod.stream_rank0(result, click.echo)
-        submit_mod.wait_for(result)
+        try:
+            if not as_json:
+                submit_mod.stream_rank0(result, click.echo)
+            submit_mod.wait_for(result)
+        except KeyboardInterrupt:
+            click.echo(f"stopped following {result.run_name}; it goes on (hpc-train status / hpc-train cancel "
+                       f"{result.run_name})", err=True)
+            sys.exit(130)
         if not as_json:
             click.echo(f"{result.run_name} completed")
 
