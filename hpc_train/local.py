@@ -180,7 +180,7 @@ def run_launch(launch: Launch, python: str, cwd: str) -> int:
 # The submit side: run directories, the plan, the detached launcher
 # --------------------------------------------------------------------------------------------------
 
-# Keys that only mean something on a cluster, and what a local run does instead.
+# slurm.* keys that only mean something on a cluster (a local run says which of them a job set).
 _IGNORED_LOCALLY = ("modules", "venv", "conda_env", "python", "container", "partition", "account", "qos",
                     "constraint", "exclusive", "mem_gb", "requeue", "max_requeues", "srun_args", "cpu_bind",
                     "extra_sbatch", "gpu_flag", "gres_name", "template", "launcher")
@@ -219,10 +219,11 @@ def plan_text(resolved, run_dirs: Sequence[Path]) -> str:
                      f"(SIG{s.signal} {s.signal_delay_s} s before it)")
         for key, value in sorted(s.env.items()):
             lines.append(f"export {key}={shlex.quote(value)}")
+        job_yaml = shlex.quote(str(run_dir / rundir.JOB_YAML))
         for rank in range(s.ranks_per_node):
+            log = shlex.quote(str(run_dir / rundir.RANK_LOG.format(rank=rank)))
             lines.append(f"RANK={rank} LOCAL_RANK={rank} WORLD_SIZE={s.ranks_per_node} MASTER_ADDR=127.0.0.1 "
-                         f"{shlex.quote(sys.executable)} -u -m hpc_train.train --resolved "
-                         f"{shlex.quote(str(run_dir / rundir.JOB_YAML))} > {shlex.quote(str(run_dir / rundir.RANK_LOG.format(rank=rank)))}")
+                         f"{shlex.quote(sys.executable)} -u -m hpc_train.train --resolved {job_yaml} > {log}")
     return "\n".join(lines) + "\n"
 
 
@@ -273,9 +274,10 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
     notes = [n for n in (note, local_note(spec),
                          f"{len(run_dirs)} local runs, one after another" if len(run_dirs) > 1 else "",
                          f"a chain of {chain} local launches of {run_dirs[0].name}" if chain > 1 else "") if n]
-    return SubmitResult(job_id=run_dirs[0].name, run_name=f"{spec.name}/{run_dirs[0].name}", run_dir=str(run_dirs[0]),
-                        cluster="local", note="; ".join(notes), tasks=tuple(d.name for d in run_dirs) if len(run_dirs) > 1
-                        else (), run_dirs=tuple(str(d) for d in run_dirs))
+    first = run_dirs[0]
+    return SubmitResult(job_id=first.name, run_name=f"{spec.name}/{first.name}", run_dir=str(first), cluster="local",
+                        note="; ".join(notes), tasks=tuple(d.name for d in run_dirs) if len(run_dirs) > 1 else (),
+                        run_dirs=tuple(str(d) for d in run_dirs))
 
 
 def _logs(run_dir: Path) -> dict[str, str]:

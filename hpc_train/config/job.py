@@ -116,8 +116,8 @@ class SlurmConfig:
     """Extra srun arguments, each one word (they are quoted)."""
     extra_sbatch: Mapping[str, str | bool | None] = field(default_factory=dict)
     """Extra ``#SBATCH`` keys: ``{mail-type: END}`` → ``#SBATCH --mail-type=END``; ``true`` → bare flag,
-    ``false`` or ``null`` → left out (a job file can drop a site file's key). Keys hpc-train writes itself (``nodes``, ``time``, ``output`` ...) are refused
-    with the key or flag to use instead."""
+    ``false`` or ``null`` → left out (a job file can drop a site file's key). Keys hpc-train writes itself
+    (``nodes``, ``time``, ``output`` ...) are refused with the key or flag to use instead."""
     master_port_base: int = 20000
     """MASTER_PORT = base + (job id [+ array task id]) mod ``master_port_span``, bind-checked on node 1."""
     master_port_span: int = 12000
