@@ -15,9 +15,9 @@ the model below and the inputs it names (each cited or derived, never measured h
   gradients fit one bucket, as ResNet-32's do — see the DDP benchmark's bucket sizes) and full (the
   all-reduce hides behind the backward pass, 2/3 of the step's FLOPs: exposed = max(0, t_ar - 2/3 t_c)).
 * t_compute per step: ResNet-50, 64 images per GPU at 2,150 img/s per A100 (AMP + channels_last;
-  pytorch/pytorch#82699, cited in notes/longtail-methods.md §4.2) = 29.8 ms. ResNet-32, 128 images per
-  GPU (one recipe batch per GPU) × 412 MFLOPs per image forward+backward (notes §4.3, flop_counter) at
-  94 TFLOP/s, airbench94's effective rate on an A100 (0.36 PFLOPs in 3.83 s, notes §4.1) — an upper
+  pytorch/pytorch#82699) = 29.8 ms. ResNet-32, 128 images per
+  GPU (one recipe batch per GPU) × 412 MFLOPs per image forward+backward (torch's flop_counter) at
+  94 TFLOP/s, airbench94's effective rate on an A100 (0.36 PFLOPs in 3.83 s) — an upper
   bound for ResNet-32's narrow convolutions, so its t_compute (0.56 ms) is a lower bound and its
   efficiency a lower bound too.
 """
@@ -29,13 +29,13 @@ from typing import Any
 NODES = (1, 2, 4, 8, 16, 32)
 GPUS_PER_NODE = 8
 BANDWIDTHS_GBIT = (25, 100)
-BACKWARD_SHARE = 2 / 3  # 412 MFLOPs fwd+bwd vs 137.7 MFLOPs fwd per ResNet-32 image (notes §4.3)
+BACKWARD_SHARE = 2 / 3  # 412 MFLOPs fwd+bwd vs 137.7 MFLOPs fwd per ResNet-32 image (torch.utils.flop_counter)
 
 RESNET50_IMAGES_PER_S = 2150.0  # A100, AMP, channels_last (pytorch#82699)
 RESNET50_BATCH_PER_GPU = 64
-RESNET32_FLOPS_PER_IMAGE = 412e6  # forward + backward (notes §4.3)
+RESNET32_FLOPS_PER_IMAGE = 412e6  # forward + backward (torch.utils.flop_counter)
 RESNET32_BATCH_PER_GPU = 128
-AIRBENCH94_FLOPS_PER_S = 0.36e15 / 3.83  # A100 (notes §4.1)
+AIRBENCH94_FLOPS_PER_S = 0.36e15 / 3.83  # A100 (airbench94: 0.36 PFLOPs in 3.83 s)
 
 
 def parameter_counts() -> dict[str, int]:

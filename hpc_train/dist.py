@@ -2,7 +2,8 @@
 
 Sources, first match wins:
 
-1. torchrun (or any launcher that sets ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``);
+1. torchrun, hpc-train's local launcher (``HPC_TRAIN_LAUNCHER=local``), or any launcher that sets
+   ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``;
 2. a Slurm step: ``SLURM_PROCID→RANK``, ``SLURM_LOCALID→LOCAL_RANK``, ``SLURM_NTASKS→WORLD_SIZE``,
    ``SLURM_NODEID→NODE_RANK``, tasks on this node → ``LOCAL_WORLD_SIZE`` (the ``8(x4)`` form included);
 3. submitit's local executor (``SUBMITIT_LOCAL_*``);
@@ -26,10 +27,11 @@ from typing import Literal, Mapping
 from . import hostlist
 from .errors import HpcTrainError
 
-Source = Literal["torchrun", "slurm", "submitit-local", "single"]
+Source = Literal["torchrun", "local", "slurm", "submitit-local", "single"]
 
 DEFAULT_PORT_BASE = 20000
 DEFAULT_PORT_SPAN = 12000
+MAX_SIMULATED_RANKS = 100_000
 
 
 class DistError(HpcTrainError):
@@ -123,7 +125,8 @@ class DistEnv:
             local_world_size=local_world,
             node_rank=_opt_int(env, "GROUP_RANK") or _opt_int(env, "NODE_RANK") or _int(env, "RANK") // local_world,
             num_nodes=max(1, world // local_world), master_addr=env["MASTER_ADDR"],
-            master_port=_int(env, "MASTER_PORT"), source="torchrun", hostname=hostname,
+            master_port=_int(env, "MASTER_PORT"), hostname=hostname,
+            source="local" if env.get("HPC_TRAIN_LAUNCHER") == "local" else "torchrun",
             job_id=env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID"), visible_gpus=visible,
         )
 
@@ -231,11 +234,14 @@ def simulate(nodelist: str, *, nodes: int, ranks_per_node: int, job_id: int = 12
              port_span: int = DEFAULT_PORT_SPAN) -> list[DistEnv]:
     """What each rank of an allocation would see, computed by feeding Slurm-shaped environments to
     :meth:`DistEnv.from_environ` — the same code path the ranks run."""
-    hosts = hostlist.expand(nodelist)
-    if len(hosts) != nodes:
-        raise DistError(f"node list {nodelist!r} has {len(hosts)} hosts but the job asks for {nodes} nodes; "
+    found = hostlist.count(nodelist)  # counted, not expanded: 'gpu[1-99999999]' must not build a list first
+    if found != nodes:
+        raise DistError(f"node list {nodelist!r} has {found:,} hosts but the job asks for {nodes} nodes; "
                         "give a node list with exactly that many hosts")
     world = nodes * ranks_per_node
+    if world > MAX_SIMULATED_RANKS:
+        raise DistError(f"{world:,} ranks; simulate shows at most {MAX_SIMULATED_RANKS:,} (a few nodes tell the pattern)")
+    hosts = hostlist.expand(nodelist)
     out = []
     for node_rank, host in enumerate(hosts):
         for local_rank in range(ranks_per_node):

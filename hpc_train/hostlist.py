@@ -62,11 +62,43 @@ def _expand_name(name: str, whole: str) -> list[str]:
     ]
 
 
-def expand(nodelist: str) -> list[str]:
-    """All host names of a Slurm node list, in Slurm's order."""
+def _range_size(spec: str, whole: str) -> int:
+    total = 0
+    for item in spec.split(","):
+        m = _RANGE_RE.match(item.strip())
+        if not m:
+            raise ConfigError(f"node list {whole!r}: bad range {item!r} inside brackets")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ConfigError(f"node list {whole!r}: range {item!r} runs backwards")
+        total += hi - lo + 1
+    return total
+
+
+def _parts(nodelist: str) -> list[str]:
     if not nodelist or not nodelist.strip():
         raise ConfigError("node list is empty; give one like 'gpu[01-04]'")
-    return [host for part in _split_top_level(nodelist) for host in _expand_name(part, nodelist)]
+    return _split_top_level(nodelist)
+
+
+def count(nodelist: str) -> int:
+    """How many hosts a node list names, without expanding it (``gpu[1-99999999]`` is one multiplication)."""
+    total = 0
+    for part in _parts(nodelist):
+        size = 1
+        for group in re.findall(r"\[([^\[\]]*)\]", part):
+            size *= _range_size(group, nodelist)
+        total += size
+    return total
+
+
+def expand(nodelist: str, *, max_hosts: int | None = None) -> list[str]:
+    """All host names of a Slurm node list, in Slurm's order; more than ``max_hosts`` is refused before
+    any name is made."""
+    parts = _parts(nodelist)
+    if max_hosts is not None and (hosts := count(nodelist)) > max_hosts:
+        raise ConfigError(f"node list {nodelist!r} names {hosts:,} hosts; at most {max_hosts:,} here")
+    return [host for part in parts for host in _expand_name(part, nodelist)]
 
 
 def expand_tasks_per_node(value: str) -> list[int]:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from .errors import ProvisionError
 from .resources import ansible_dir
@@ -76,24 +77,15 @@ def build_command(
     return argv, env
 
 
-def provision(
-    inventory: Path,
-    *,
-    check: bool = False,
-    limit: str | None = None,
-    tags: str | None = None,
-    playbook: str = "site.yml",
-    extra_args: Sequence[str] = (),
-) -> int:
-    """Run ``playbook`` from the project's ansible/ directory against ``inventory``; return its exit code.
+def provision(inventory: Path, **options: Any) -> int:
+    """Run a playbook from the project's ansible/ directory against ``inventory``; return its exit code.
 
-    ``check`` adds ``--check --diff``; ``limit`` and ``tags`` pass through; ``extra_args`` are appended as they
-    are (``-e nvidia_driver_allow_change=true``, ``-vv`` ...). Output goes to this process's stdout/stderr.
-    Raises :class:`ProvisionError` (exit 2) when ansible-playbook, the inventory or the playbook is missing.
+    ``options`` are :func:`build_command`'s: ``check`` adds ``--check --diff``; ``limit`` and ``tags`` pass
+    through; ``extra_args`` are appended as they are (``-e nvidia_driver_allow_change=true``, ``-vv`` ...).
+    Output goes to this process's stdout/stderr. Raises :class:`ProvisionError` (exit 2) when
+    ansible-playbook, the inventory or the playbook is missing.
     """
-    argv, env = build_command(
-        Path(inventory), check=check, limit=limit, tags=tags, playbook=playbook, extra_args=extra_args
-    )
+    argv, env = build_command(Path(inventory), **options)
     try:
         return subprocess.run(argv, env=env, check=False).returncode
     except OSError as exc:  # e.g. a broken venv: the script exists but its interpreter does not

@@ -1,27 +1,36 @@
 """Jinja environment, template search path, quoting filters, and the pure ``render_sbatch``.
 
 ``render_sbatch(spec, ...) -> str`` reads templates and returns text: no Slurm, no submitit, nothing
-written. Two forms share one template (DESIGN.md decision 1):
+written. Two forms share one template (docs/design.md, decision 1):
 
 * ``plain``: self-contained; ``sbatch`` it by hand. It carries the resolved job as a heredoc, writes it
   into the run directory and launches ``python -m hpc_train.train``.
 * ``submitit``: the same script whose launch line is submitit's ``_submit`` command and whose log paths
   are submitit's (see ``hpc_train/submitit_hook.py``).
+
+Shell-safe by default, site templates included: every ``{{ ... }}`` passes through :func:`_finalize`,
+which lets through what the quoting filters made (``shquote``, ``sbatch``, ``sbatch_flag``, ``comment``,
+``join`` of quoted words), what hpc-train wrote itself (the job YAML heredoc, submitit's launch command),
+and plain words (letters, digits, ``@%+=:,./-``: inert in any shell context). Anything else — a job
+value with a space, a quote, ``$(...)`` — is refused at render time, naming the template file and line:
+quoting it automatically would be wrong inside double quotes or a heredoc, so the template must say how.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import shlex
 import traceback
-from dataclasses import dataclass
+from types import SimpleNamespace
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Sequence
 
 import jinja2
 
-from . import __version__
+from . import __version__, rundir
 from .config import JobSpec, dump_yaml
 from .errors import TemplateError
 from .resources import templates_dir
@@ -29,12 +38,25 @@ from .resources import templates_dir
 Form = Literal["plain", "submitit"]
 
 
-def shquote(value: Any) -> str:
+class ShellSafe(str):
+    """Text that may stand in a script as it is: quoted by a filter, or written by hpc-train itself."""
+
+
+# shlex.quote's own notion of a word that needs no quotes: inert anywhere (unquoted, in "...", in a heredoc).
+_PLAIN_WORD = re.compile(r"[\w@%+=:,./-]*\Z", re.ASCII)
+_WORD_SEPARATOR = re.compile(r"[\w@%+=:,./ -]*\Z", re.ASCII)
+
+
+class UnquotedValue(Exception):
+    """A value that is not a plain word reached a template's output without a quoting filter."""
+
+
+def shquote(value: Any) -> ShellSafe:
     """One shell word, whatever the value holds (spaces, quotes, ``$(...)``, newlines)."""
-    return shlex.quote(str(value))
+    return ShellSafe(shlex.quote(str(value)))
 
 
-def sbatch_value(value: Any) -> str:
+def sbatch_value(value: Any) -> ShellSafe:
     """A value on an ``#SBATCH`` line: quoted like a shell word; a newline cannot be carried at all
     (the rest would become a shell command), so it is refused."""
     text = str(value)
@@ -43,14 +65,34 @@ def sbatch_value(value: Any) -> str:
     return shquote(text)
 
 
-def sbatch_flag(value: str) -> str:
+def sbatch_flag(value: str) -> ShellSafe:
     """``--name=value`` for an option built by hpc-train itself (e.g. the GPU request)."""
     name, _, rest = value.partition("=")
-    return f"{name}={sbatch_value(rest)}" if rest else name
+    return ShellSafe(f"{name}={sbatch_value(rest)}" if rest else shquote(name))
 
 
-def comment(value: Any) -> str:
-    return " ".join(str(value).split())
+def comment(value: Any) -> ShellSafe:
+    """Text for a ``#`` comment line: on one line, and quoted when it is not a plain word (so it stays
+    inert even where a template misuses it outside a comment)."""
+    return ShellSafe(shlex.quote(" ".join(str(value).split())))
+
+
+def join(items: Any, separator: str = "") -> str:
+    """Jinja's ``join``, keeping words that were quoted (``modules | map('shquote') | join(' ')``) safe."""
+    parts = list(items)
+    text = separator.join(str(p) for p in parts)
+    words_safe = all(isinstance(p, ShellSafe) or _PLAIN_WORD.match(str(p)) for p in parts)
+    return ShellSafe(text) if words_safe and _WORD_SEPARATOR.match(separator) else text
+
+
+def _finalize(value: Any) -> Any:
+    """Every ``{{ ... }}`` of every template: quoted, written by us, or a plain word — else refused."""
+    if isinstance(value, ShellSafe):
+        return value
+    text = "" if value is None else str(value)
+    if _PLAIN_WORD.match(text):
+        return text
+    raise UnquotedValue(text)
 
 
 @dataclass(frozen=True)
@@ -86,8 +128,9 @@ def _environment(dirs: tuple[str, ...]) -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
+        finalize=_finalize,  # shell-safe by default: see the module docstring
     )
-    env.filters.update(shquote=shquote, sbatch=sbatch_value, sbatch_flag=sbatch_flag, comment=comment)
+    env.filters.update(shquote=shquote, sbatch=sbatch_value, sbatch_flag=sbatch_flag, comment=comment, join=join)
     return env
 
 
@@ -95,14 +138,15 @@ def environment(site_dirs: Sequence[Path] = ()) -> jinja2.Environment:
     return _environment(tuple(str(d) for d in search_path(site_dirs)))
 
 
-def list_templates(site_dirs: Sequence[Path] = ()) -> list[tuple[str, Path]]:
-    """Top-level templates (``*.sbatch.j2``) as (name, file that wins on the search path)."""
-    seen: dict[str, Path] = {}
+def list_templates(site_dirs: Sequence[Path] = ()) -> list[tuple[str, Path, list[Path]]]:
+    """Every template and partial (``*.j2``) as (name, the file that wins on the search path, the files
+    it overrides): a site directory's ``partials/bootstrap.j2`` replaces ours for every template."""
+    found: dict[str, list[Path]] = {}
     for directory in search_path(site_dirs):
         if directory.is_dir():
-            for path in sorted(directory.glob("*.sbatch.j2")):
-                seen.setdefault(path.name, path)
-    return sorted(seen.items())
+            for path in sorted(directory.rglob("*.j2")):
+                found.setdefault(path.relative_to(directory).as_posix(), []).append(path)
+    return [(name, paths[0], paths[1:]) for name, paths in sorted(found.items())]
 
 
 def _template_location(exc: BaseException) -> str:
@@ -122,18 +166,20 @@ def gpu_request(spec: JobSpec) -> str | None:
     return f"--gpus-per-node={s.gpus_per_node}"
 
 
-def batchnorm_text(spec: JobSpec) -> str:
-    """The ranks' BatchNorm decision (``train.sync_bn``), for the script's header."""
+def batchnorm_text(spec: JobSpec) -> ShellSafe:
+    """The ranks' BatchNorm decision (``train.sync_bn``), for a comment line of the script's header: hpc-train's
+    own words and numbers, no job text, so it stands as written."""
     from .sync_bn import decide
 
     t = spec.train
-    return decide(t.sync_bn, world_size=spec.slurm.world_size, batch_size=t.batch_size, strategy=t.strategy).describe()
+    decision = decide(t.sync_bn, world_size=spec.slurm.world_size, batch_size=t.batch_size, strategy=t.strategy)
+    return ShellSafe(" ".join(decision.describe().split()))
 
 
 def heredoc_delimiter(text: str) -> str:
     """A heredoc end marker that cannot occur as a line of ``text`` (derived from its hash)."""
     marker = "HPC_TRAIN_JOB_" + hashlib.sha256(text.encode()).hexdigest()[:12].upper()
-    while marker in text.splitlines():  # pragma: no cover - would need a hash preimage
+    while marker in text.splitlines():  # would need a hash preimage; tested with a fixed digest
         marker += "_"
     return marker
 
@@ -165,8 +211,10 @@ def render_sbatch(
     except jinja2.TemplateNotFound as exc:
         where = ", ".join(str(d) for d in search_path(site_dirs))
         raise TemplateError(f"template {exc.name!r} not found; search path: {where}") from None
-    job_yaml = dump_yaml(spec)
-    array_yamls = [dump_yaml(s) for s in array_specs]
+    # Written by hpc-train itself, and only ever placed in a quoted heredoc or as the launch command.
+    job_yaml = ShellSafe(dump_yaml(spec))
+    array_yamls = [ShellSafe(dump_yaml(s)) for s in array_specs]
+    launch = replace(launch, command=ShellSafe(launch.command))
     run_group = str(PurePosixPath(runs_root) / spec.name)
     binds: list[str] = []
     if spec.slurm.container is not None:
@@ -185,11 +233,16 @@ def render_sbatch(
         gpu_request=gpu_request(spec),
         container_binds=binds,
         batchnorm=batchnorm_text(spec),
+        run_files=SimpleNamespace(state_log=rundir.STATE_LOG),
+        exit_codes=SimpleNamespace(checkpointed=rundir.EXIT_CHECKPOINTED),
     )
     try:
         return template.render(**context)
     except TemplateError:
         raise
+    except UnquotedValue as exc:
+        raise TemplateError(f"{_template_location(exc)}: {str(exc)[:60]!r} would reach the shell unquoted; write "
+                            "{{ ... | shquote }} (| sbatch on an #SBATCH line)") from None
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(f"{exc.filename}:{exc.lineno}: template syntax error: {exc.message}") from None
     except jinja2.TemplateNotFound as exc:

@@ -1,7 +1,9 @@
-"""Thin wrappers over Slurm's client commands (squeue, sacct, scancel, sinfo, sbatch --test-only).
+"""Slurm's client commands (squeue, sacct, scancel, sinfo, sbatch --test-only) and what they print.
 
 Every call goes through :func:`run_command`, so errors read the same everywhere: the command, and what
 Slurm said. ``squeue`` is asked first and ``sacct`` second (accounting may be absent or rate-limited).
+The parsers (:func:`parse_squeue`, :func:`parse_sacct`, :func:`first_failure`) are pure functions over
+the commands' text, tested on canned outputs recorded from Slurm 22.05 (tests/slurm_outputs/).
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from .errors import SubmitError
 
 _TIMEOUT_S = 30
 
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED",
+                           "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "PREEMPTED_PENDING"})
+"""The job is still Slurm's business (queued, running, or about to run again)."""
 
-def available() -> bool:
-    return shutil.which("sbatch") is not None and shutil.which("squeue") is not None
+SQUEUE_FORMAT = "%i|%T|%r|%M|%N"
+SACCT_FIELDS = "JobID,State,ExitCode,Elapsed,NodeList,Reason"
 
 
 def run_command(argv: Sequence[str], *, check: bool = True, input_text: str | None = None) -> subprocess.CompletedProcess:
@@ -39,7 +44,7 @@ def slurm_message(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower()]
     picked = errors[-1] if errors else (lines[-1] if lines else "no output")
-    return re.sub(r"^(sbatch|srun|squeue|sacct|scancel|sinfo): (error: )?", "", picked)
+    return re.sub(r"^(sbatch|srun|squeue|sacct|scancel|sinfo|sacctmgr): (error: )?", "", picked)
 
 
 def version() -> tuple[int, int] | None:
@@ -63,33 +68,83 @@ class JobState:
     job_id: str
     state: str
     """Slurm's state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, PREEMPTED, REQUEUED ...),
-    or UNKNOWN when neither squeue nor sacct knows the job."""
+    or UNKNOWN when neither squeue nor sacct knows the job (``reason`` says why)."""
     reason: str = ""
     elapsed: str = ""
     nodes: str = ""
     exit_code: str = ""
     source: str = ""
     """Which command answered: squeue or sacct."""
-    restarts: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+def _is_task_of(shown: str, job_id: str) -> bool:
+    """squeue shows a pending array's tasks as one line, ``4242_[1-3%2]``: is ``4242_2`` among them?"""
+    array, _, task = job_id.partition("_")
+    m = re.fullmatch(re.escape(array) + r"_\[([^\]]*)\]", shown)
+    if not (m and task.isdigit()):
+        return False
+    for item in m.group(1).split("%")[0].split(","):
+        lo, _, hi = item.partition("-")
+        if lo.isdigit() and int(lo) <= int(task) <= int(hi or lo):
+            return True
+    return False
+
+
+def parse_squeue(text: str, job_id: str) -> JobState | None:
+    """The job's line of ``squeue -h -o '%i|%T|%r|%M|%N'``; None when it is not queued."""
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 5 and (parts[0] == job_id or _is_task_of(parts[0], job_id)):
+            return JobState(job_id, parts[1], reason=parts[2] if parts[2] != "None" else "", elapsed=parts[3],
+                            nodes=parts[4] if parts[4] != "(null)" else "", source="squeue")
+    return None
+
+
+def parse_sacct(text: str, job_id: str) -> JobState | None:
+    """The job's allocation line of ``sacct -n -P -X -o JobID,State,ExitCode,Elapsed,NodeList,Reason``."""
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 5 and parts[0] == job_id:
+            state = parts[1].split()[0] if parts[1] else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
+            return JobState(job_id, state, exit_code=parts[2], elapsed=parts[3], nodes=parts[4],
+                            reason=parts[5] if len(parts) > 5 and parts[5] != "None" else "", source="sacct")
+    return None
 
 
 def job_state(job_id: str) -> JobState:
-    queued = run_command(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%r|%M|%N"], check=False)
-    for line in queued.stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 5 and parts[0] == job_id:
-            return JobState(job_id, parts[1], reason=parts[2] if parts[2] != "None" else "", elapsed=parts[3],
-                            nodes=parts[4], source="squeue")
-    if shutil.which("sacct") is not None:
-        acct = run_command(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode,Elapsed,NodeList,Reason"],
-                           check=False)
-        for line in acct.stdout.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) >= 5 and parts[0] == job_id:
-                state = parts[1].split()[0]  # "CANCELLED by 0" -> CANCELLED
-                return JobState(job_id, state, exit_code=parts[2], elapsed=parts[3], nodes=parts[4],
-                                reason=parts[5] if len(parts) > 5 and parts[5] != "None" else "", source="sacct")
-    return JobState(job_id, "UNKNOWN", reason="not in squeue; sacct has no record (is accounting enabled?)")
+    """squeue, then sacct. A failing squeue is an error with its own message (SubmitError, exit 2); a
+    failing or absent sacct gives UNKNOWN with sacct's own words as the reason."""
+    queued = run_command(["squeue", "-h", "-j", job_id, "-o", SQUEUE_FORMAT], check=False)
+    found = parse_squeue(queued.stdout, job_id)
+    if found is not None:
+        return found
+    message = slurm_message(queued.stderr)
+    if queued.returncode != 0 and "invalid job id" not in message.lower():
+        raise SubmitError(f"squeue failed: {message}")
+    if shutil.which("sacct") is None:
+        return JobState(job_id, "UNKNOWN", reason="not in squeue, and sacct is not on PATH")
+    acct = run_command(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", SACCT_FIELDS], check=False)
+    if acct.returncode != 0:
+        return JobState(job_id, "UNKNOWN", reason=f"not in squeue; sacct: {slurm_message(acct.stderr or acct.stdout)}")
+    found = parse_sacct(acct.stdout, job_id)
+    return found or JobState(job_id, "UNKNOWN", reason="not in squeue, and sacct has no record of it")
+
+
+_TASK_ERROR = re.compile(r"(?:srun|hpc-train): error: (?P<host>\S+): tasks? (?P<tasks>[\d,-]+): (?P<what>.+)")
+
+
+def first_failure(text: str) -> str | None:
+    """The first rank that failed and its host, from a batch log: srun's (or the local launcher's)
+    ``error: gpu02: task 3: Exited with exit code 1`` (ranks killed afterwards are not the cause)."""
+    for line in text.splitlines():
+        m = _TASK_ERROR.search(line)
+        if m and "Killed" not in m.group("what") and "terminated" not in m.group("what").lower():
+            return f"rank {m.group('tasks')} on {m.group('host')}: {m.group('what').strip()}"
+    return None
 
 
 def cancel(job_id: str) -> None:
@@ -106,7 +161,7 @@ def test_only(script_path: str) -> str:
 
 
 def partition_exists(name: str) -> bool:
-    result = run_command(["sinfo", "-h", "-p", name, "-o", "%P"], check=False)
+    result = run_command(["sinfo", "-h", "-p", name, "-o", "%P"])
     return bool(result.stdout.strip())
 
 
@@ -118,3 +173,8 @@ def account_exists(name: str) -> bool | None:
     if result.returncode != 0:
         return None
     return any(line.strip() == name for line in result.stdout.splitlines())
+
+
+def missing_tools() -> list[str]:
+    """Which of the tools a submit needs are not on PATH (sbatch alone is not enough: submitit needs srun)."""
+    return [tool for tool in ("sbatch", "srun", "squeue", "scancel") if shutil.which(tool) is None]

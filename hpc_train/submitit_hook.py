@@ -65,24 +65,34 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         self.update_parameters(signal_delay_s=spec.slurm.signal_delay_s, time=spec.slurm.time_min)
 
     def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[Any]:
-        """Arrays (``executor.batch()``): submitit's own array path submits through a fresh *plain*
-        SlurmExecutor, which would bypass our template; this is that path with ourselves as the submitter."""
-        if len(delayed_submissions) == 1:
-            return super()._internal_process_submissions(delayed_submissions)
+        """submitit's own path, done here for two reasons: arrays (``executor.batch()``) go through a fresh
+        *plain* SlurmExecutor there, which would bypass our template; and a refused submission must leave
+        no pickle or submission file behind (submitit keeps them)."""
         folder = JobPaths.get_first_id_independent_folder(self.folder)
         folder.mkdir(parents=True, exist_ok=True)
-        pickle_paths = []
-        for delayed in delayed_submissions:
-            pickle_path = folder / f"{uuid.uuid4().hex}.pkl"
-            delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
-            delayed.dump(pickle_path)
-            pickle_paths.append(pickle_path)
-        self.parameters["map_count"] = len(delayed_submissions)
+        self._temporary_files: list[Path] = []
         try:
-            self._throttle()
-            first_job = self._submit_command(self._submitit_command_str)
-        finally:
-            del self.parameters["map_count"]
+            pickle_paths = []
+            for delayed in delayed_submissions:
+                pickle_path = folder / f"{uuid.uuid4().hex}.pkl"
+                self._temporary_files.append(pickle_path)
+                delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+                delayed.dump(pickle_path)
+                pickle_paths.append(pickle_path)
+            if len(delayed_submissions) == 1:
+                job = self._submit_command(self._submitit_command_str)
+                job.paths.move_temporary_file(pickle_paths[0], "submitted_pickle")
+                return [job]
+            self.parameters["map_count"] = len(delayed_submissions)
+            try:
+                self._throttle()
+                first_job = self._submit_command(self._submitit_command_str)
+            finally:
+                del self.parameters["map_count"]
+        except BaseException:
+            for path in self._temporary_files:
+                path.unlink(missing_ok=True)
+            raise
         tasks = list(range(first_job.num_tasks))
         jobs = [SlurmJob(folder=self.folder, job_id=f"{first_job.job_id}_{index}", tasks=tasks)
                 for index in range(len(delayed_submissions))]
@@ -91,6 +101,9 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         return jobs
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
+        # submitit writes this text to .submission_file_<uid>.sh; remember it, to remove it if sbatch refuses.
+        folder = JobPaths.get_first_id_independent_folder(self.folder)
+        getattr(self, "_temporary_files", []).append(folder / f".submission_file_{uid}.sh")
         params: dict[str, Any] = self.parameters
         map_count = params.get("map_count")
         launch = submitit_launch(self.folder, command, map_count=map_count,

@@ -1,5 +1,8 @@
-"""Shared test setup: the session-wide local Slurm cluster fixture (tests/cluster/fixtures.py), and an
-environment free of the machine's site file and of launcher variables, for suites that run the trainer."""
+"""Shared test setup: the session-wide local Slurm cluster fixture (tests/cluster/fixtures.py), a run
+index of the test's own (never the user's ~/.local/state), and an environment free of the machine's site
+file and of launcher variables, for suites that run the trainer."""
+
+import shutil
 
 import pytest
 
@@ -17,3 +20,77 @@ def isolated_launch_env(tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_TRAIN_SITE", str(site))
     for name in LAUNCHER_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def own_run_index(tmp_path_factory, monkeypatch):
+    """Every test records submitted runs in an index of its own (hpc_train.run_index)."""
+    monkeypatch.setenv("HPC_TRAIN_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
+STUB_TOOL = """#!/bin/bash
+# A stand-in Slurm tool: records its argv, prints what the test set for it, exits with the test's code.
+name=$(basename "$0")
+printf '%s\\n' "$*" >> "$STUB_SLURM/$name.argv"
+if [ "$name" = sbatch ] && [ "$1" = --test-only ]; then
+    echo "sbatch: Job 4242 to start at 2026-01-01T00:00:00 using 8 processors on nodes gpu01 in partition gpu" >&2
+    exit 0
+fi
+[ -f "$STUB_SLURM/$name.out" ] && cat "$STUB_SLURM/$name.out"
+[ -f "$STUB_SLURM/$name.err" ] && cat "$STUB_SLURM/$name.err" >&2
+exit "$(cat "$STUB_SLURM/$name.rc" 2>/dev/null || echo 0)"
+"""
+
+
+class StubSlurm:
+    """Stand-ins for sbatch, srun, squeue, sacct, scancel, sinfo, sacctmgr: the scheduler faked at the
+    subprocess boundary (as submitit's tests do), for what needs no real cluster."""
+
+    TOOLS = ("sbatch", "srun", "squeue", "sacct", "scancel", "sinfo", "sacctmgr")
+
+    def __init__(self, root):
+        self.bin = root / "stub-slurm-bin"
+        self.state = root / "stub-slurm"
+        self.core = root / "core-bin"  # the few tools the stand-ins use; not /usr/bin, which may hold a real srun
+        for directory in (self.bin, self.state, self.core):
+            directory.mkdir()
+        for tool in ("cat", "basename", "bash", "sh"):
+            (self.core / tool).symlink_to(shutil.which(tool))
+        for tool in self.TOOLS:
+            self.install(tool)
+        self.answer("sbatch", "Submitted batch job 4242\n")
+        self.answer("sinfo", "slurm 22.05.8\n")
+
+    def install(self, tool):
+        (self.bin / tool).write_text(STUB_TOOL)
+        (self.bin / tool).chmod(0o755)
+
+    def remove(self, tool):
+        (self.bin / tool).unlink()
+
+    def answer(self, tool, stdout="", stderr="", rc=0):
+        for suffix, value in (("out", stdout), ("err", stderr), ("rc", str(rc))):
+            (self.state / f"{tool}.{suffix}").write_text(value)
+
+    def calls(self, tool):
+        path = self.state / f"{tool}.argv"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def env(self, **extra):
+        import os
+        import sys
+        from pathlib import Path
+
+        path = f"{self.bin}:{Path(sys.executable).parent}:{self.core}"
+        keep = {k: v for k, v in os.environ.items() if k in ("HOME", "HPC_TRAIN_STATE_DIR", "LANG", "PYTHONPATH")}
+        return {**keep, "PATH": path, "STUB_SLURM": str(self.state), **extra}
+
+
+@pytest.fixture
+def stub_slurm(tmp_path_factory):
+    return StubSlurm(tmp_path_factory.mktemp("stub"))
+
+
+@pytest.fixture(scope="module")
+def stub_slurm_module(tmp_path_factory):
+    return StubSlurm(tmp_path_factory.mktemp("stub"))

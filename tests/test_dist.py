@@ -21,7 +21,10 @@ def test_slurm_mapping_from_step_variables():
     assert d.source == "slurm"
     # No MASTER_ADDR exported: first host of the node list; port from the job id.
     assert d.master_addr == "gpu01"
-    assert d.master_port == 20000 + 4242 % 20000
+    assert d.master_port == 20000 + 4242 % 12000 == master_port_for(4242)
+    # Job ids past the span wrap around it (20000-31999: below the ephemeral ports).
+    big = DistEnv.from_environ(slurm_env(5, 1, 1, SLURM_JOB_ID="54321"))
+    assert big.master_port == 20000 + 54321 % 12000 == 26321
     assert d.hostname == "gpu02"
 
 

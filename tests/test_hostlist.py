@@ -1,9 +1,9 @@
-"""Node-list expansion against the vectors real launchers got wrong (notes: launchers-landscape §6)."""
+"""Node-list expansion against the node lists real launchers got wrong (Lightning reads rack[1-2]-n[01-02] as rack1)."""
 
 import pytest
 
 from hpc_train.errors import ConfigError
-from hpc_train.hostlist import expand, expand_tasks_per_node
+from hpc_train.hostlist import count, expand, expand_tasks_per_node
 
 VECTORS = [
     ("gpu[01-03,07],cpu-a[1-2]", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu-a1", "cpu-a2"]),
@@ -42,3 +42,15 @@ def test_tasks_per_node(value, counts):
 def test_tasks_per_node_rejects_garbage():
     with pytest.raises(ConfigError):
         expand_tasks_per_node("8(x)")
+
+
+@pytest.mark.parametrize("nodelist,hosts", VECTORS)
+def test_count_agrees_with_expand(nodelist, hosts):
+    assert count(nodelist) == len(hosts)
+
+
+def test_huge_node_lists_are_counted_not_expanded():
+    assert count("gpu[1-99999999]") == 99_999_999
+    assert count("a[1-1000]-b[1-1000],c") == 1_000_001
+    with pytest.raises(ConfigError, match="names 99,999,999 hosts; at most 100"):
+        expand("gpu[1-99999999]", max_hosts=100)

@@ -1,5 +1,6 @@
 """render_sbatch: golden files, shell validity, hostile values, site templates, template errors."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -91,7 +92,7 @@ def test_header_lines():
                  "#SBATCH --mail-type=END", "#SBATCH --hint=nomultithread",
                  "srun --kill-on-bad-exit=1 --wait=60 \\", "module purge", "module load cuda/12.4 nccl/2.21",
                  "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1"]:
-        assert line in text.splitlines() or line in text, line
+        assert line in text.splitlines(), line  # whole lines: --nodes=4 must not pass as part of --nodes=40
     torch_text = render_variant("torchrun-plain")
     assert "#SBATCH --ntasks-per-node=1" in torch_text and "#SBATCH --cpus-per-task=64" in torch_text
     assert "#SBATCH --signal=B:USR2@120" in torch_text and "--nproc-per-node=8" in torch_text
@@ -126,9 +127,10 @@ exit 0
 def test_hostile_values_are_data_not_code(tmp_path):
     mark = tmp_path / "PWNED"
     hostile = HOSTILE
-    runs_root = tmp_path / f"runs {hostile}"
+    # '%' is refused in names and run paths (Slurm expands it in log paths); everywhere else it is data.
+    runs_root = tmp_path / f"runs {hostile.replace('%', '')}"
     multi_line = hostile + "\nsecond line; touch PWNED"
-    spec, _ = resolve_job(None, site=NO_SITE, flags={"name": f"job {hostile}"}, sets=[
+    spec, _ = resolve_job(None, site=NO_SITE, flags={"name": f"job {hostile.replace('%', '')}"}, sets=[
         "slurm.python=" + sys.executable,
     ])
     spec = config.replace(spec, slurm=config.replace(
@@ -155,15 +157,91 @@ def test_hostile_values_are_data_not_code(tmp_path):
     assert argv("module") == ["load", hostile, multi_line]
     srun_args = argv("srun")
     assert f"--comment={hostile}" in srun_args
-    run_dir = runs_root / f"job {hostile}" / "4242"
+    run_dir = runs_root / spec.name / "4242"
     assert f"--output={run_dir}/logs/rank-%t.log" in srun_args
-    assert srun_args[-2:] == [str(run_dir / "job.yaml")] or str(run_dir / "job.yaml") in srun_args
+    assert srun_args[-6:] == [sys.executable, "-u", "-m", "hpc_train.train", "--resolved", str(run_dir / "job.yaml")]
     srun_env = dict(item.split("=", 1) for item in (log_dir / "srun.env").read_bytes().decode().split("\0") if "=" in item)
     assert srun_env["HOSTILE"] == hostile and srun_env["MULTI"] == multi_line
     assert srun_env["HPC_TRAIN_RUN_DIR"] == str(run_dir)
     assert (srun_env["MASTER_ADDR"], srun_env["MASTER_PORT"]) == ("node01", str(20000 + 4242))
     # The job file the ranks read is the job exactly as resolved.
     assert config.spec_from_yaml_text((run_dir / "job.yaml").read_text(), "job.yaml") == spec
+
+
+# A site template as an admin might write it, with no quoting filter anywhere: one job value per line.
+NAIVE_TEMPLATE = """#!/bin/bash
+#SBATCH --job-name={{ job.name }}
+#SBATCH --partition={{ job.slurm.partition }}
+#SBATCH --account={{ job.slurm.account }}
+#SBATCH --comment={{ job.slurm.extra_sbatch.comment }}
+export P={{ job.slurm.partition }}
+echo "running {{ job.name }} from {{ run_group }}"
+module load {{ job.slurm.modules | join(" ") }}
+. {{ job.slurm.venv }}/bin/activate
+export FOO={{ job.slurm.env.FOO }}
+cat <<END
+{{ job.train.data.root }}
+END
+srun {{ job.slurm.srun_args | join(" ") }} {{ python }} -m hpc_train.train
+"""
+NAIVE_BENIGN = ["slurm.partition=gpu", "slurm.account=proj", "slurm.extra_sbatch={comment: ok}",
+                "slurm.modules=[cuda/12.4, nccl/2.21]", "slurm.venv=/shared/venv", "slurm.env.FOO=bar",
+                "train.data.root=/data", "slurm.srun_args=[--mpi=none]"]
+# (field set to the hostile string, the template line where it first appears)
+NAIVE_FIELDS = [("name", 2), ("slurm.partition", 3), ("slurm.account", 4), ("slurm.extra_sbatch.comment", 5),
+                ("slurm.modules", 8), ("slurm.venv", 9), ("slurm.env.FOO", 10), ("train.data.root", 12),
+                ("slurm.srun_args", 14), ("runs_root", 7)]
+
+
+def _naive(tmp_path, hostile_field=None, value=HOSTILE.replace("%", "")):
+    site_dir = tmp_path / "site"
+    site_dir.mkdir(exist_ok=True)
+    (site_dir / "naive.sbatch.j2").write_text(NAIVE_TEMPLATE)
+    sets = [*NAIVE_BENIGN, "slurm.template=naive.sbatch.j2"]
+    runs_root = "/shared/runs"
+    flags = {}
+    if hostile_field == "runs_root":
+        runs_root = f"/shared/{value}"
+    elif hostile_field == "name":
+        flags["name"] = value
+    elif hostile_field in ("slurm.modules", "slurm.srun_args"):
+        sets.append(f"{hostile_field}={json.dumps(['ok', value])}")
+    elif hostile_field:
+        sets.append(f"{hostile_field}={json.dumps(value)}")
+    spec, _ = resolve_job(None, site=NO_SITE, sets=sets, flags=flags)
+    return render_sbatch(spec, runs_root=runs_root, python="/usr/bin/python3", site_dirs=[site_dir])
+
+
+def test_site_template_without_filters_renders_plain_words(tmp_path):
+    text = _naive(tmp_path)
+    assert "export P=gpu" in text and "module load cuda/12.4 nccl/2.21" in text and "export FOO=bar" in text
+
+
+@pytest.mark.parametrize("field,line", NAIVE_FIELDS, ids=[f for f, _ in NAIVE_FIELDS])
+def test_site_template_without_filters_refuses_a_hostile_value(tmp_path, field, line):
+    # Quoting it in place would be wrong inside "..." or a heredoc: the render stops, naming file and line.
+    with pytest.raises(TemplateError, match=rf"naive\.sbatch\.j2:{line}: .* would reach the shell unquoted"):
+        _naive(tmp_path, field)
+
+
+@pytest.mark.parametrize("value", ["a b", "x;y", "$(id)", "`id`", "a'b", 'a"b', "a\\b", "*", "~root", "a&b", "é€"])
+def test_anything_but_a_plain_word_is_refused_unquoted(tmp_path, value):
+    with pytest.raises(TemplateError, match="would reach the shell unquoted"):
+        _naive(tmp_path, "slurm.env.FOO", value)
+
+
+def test_quoting_filters_are_not_applied_twice(tmp_path):
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "quoted.sbatch.j2").write_text(
+        "#!/bin/bash\n#SBATCH --partition={{ job.slurm.partition | sbatch }}\n"
+        "export P={{ job.slurm.partition | shquote }}\nmodule load {{ job.slurm.modules | map('shquote') | join(' ') }}\n"
+        "# {{ job.name | comment }}\n")
+    spec, _ = resolve_job(None, site=NO_SITE, flags={"name": "my   run"},
+                          sets=["slurm.template=quoted.sbatch.j2", "slurm.partition=a b", "slurm.modules=[m1, m 2]"])
+    text = render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[site_dir])
+    assert text.splitlines()[1:] == ["#SBATCH --partition='a b'", "export P='a b'", "module load m1 'm 2'",
+                                     "# 'my run'"]
 
 
 @pytest.mark.parametrize("field", ["partition", "account", "constraint"])
@@ -192,8 +270,14 @@ def test_site_template_dir_wins_and_reuses_partials(tmp_path):
     spec, _ = resolve_job(None, site=NO_SITE)
     text = render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[site_dir])
     assert "# SITE TEMPLATE for digits-lt-demo" in text and "#SBATCH --nodes=1" in text
-    names = dict(render.list_templates([site_dir]))
-    assert names["default.sbatch.j2"] == site_dir / "default.sbatch.j2"
+    (site_dir / "partials").mkdir()
+    (site_dir / "partials" / "bootstrap.j2").write_text("# site bootstrap\n")
+    listed = {name: (path, overridden) for name, path, overridden in render.list_templates([site_dir])}
+    assert listed["default.sbatch.j2"][0] == site_dir / "default.sbatch.j2"
+    # An overridden partial is listed with the file it replaces; the others come from the package.
+    assert listed["partials/bootstrap.j2"] == (site_dir / "partials" / "bootstrap.j2",
+                                               [render.templates_dir() / "partials" / "bootstrap.j2"])
+    assert listed["partials/rendezvous.j2"] == (render.templates_dir() / "partials" / "rendezvous.j2", [])
 
 
 def test_template_syntax_error_names_file_and_line(tmp_path):
@@ -216,7 +300,19 @@ def test_template_not_found_shows_search_path(tmp_path):
         render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path])
 
 
-def test_heredoc_delimiter_never_in_text():
-    text = "a\nHPC_TRAIN_JOB_X\n"
+def test_heredoc_delimiter_never_in_text(monkeypatch):
+    text = "name: x\n"
     marker = render.heredoc_delimiter(text)
-    assert marker not in text.splitlines() and marker.startswith("HPC_TRAIN_JOB_")
+    assert marker.startswith("HPC_TRAIN_JOB_") and marker not in text.splitlines()
+
+    class FixedDigest:  # a hash "collision": the job text holds the very line the digest would give
+        def __init__(self, _data):
+            pass
+
+        def hexdigest(self):
+            return "ab" * 32
+
+    monkeypatch.setattr(render.hashlib, "sha256", FixedDigest)
+    colliding = "name: x\nHPC_TRAIN_JOB_ABABABABABAB\nHPC_TRAIN_JOB_ABABABABABAB_\n"
+    marker = render.heredoc_delimiter(colliding)
+    assert marker == "HPC_TRAIN_JOB_ABABABABABAB__" and marker not in colliding.splitlines()

@@ -3,8 +3,8 @@
 import pytest
 
 from hpc_train.errors import ConfigError
-from hpc_train.submit import render_plain, resolve_sweep, sweep_points
-from hpc_train.config import JobSources
+from hpc_train.config import NO_SITE, JobSources, resolve, sweep_points
+from hpc_train.submit import render_plain
 
 
 def test_grid_of_two_axes():
@@ -40,8 +40,7 @@ def test_bad_sweeps(item, message):
 
 
 def test_sweep_renders_one_array_with_a_job_per_task():
-    points = sweep_points(["train.seed=3,4,5"])
-    specs = resolve_sweep(None, sets=[], flags={}, points=points)
+    specs = resolve(None, sweeps=["train.seed=3,4,5"], site=NO_SITE).sweep
     assert [s.train.seed for s in specs] == [3, 4, 5]
     script = render_plain(specs[0], JobSources(job_file=None, site_file=None, template_dirs=()), sweep=specs,
                           max_parallel=2)

@@ -35,4 +35,4 @@ def test_render_shows_the_batchnorm_decision():
     forced = runner.invoke(cli, ["render", job, "--gpus", "2", "--set", "train.sync_bn=true"]).stdout
     assert "# BatchNorm: synchronised across ranks (sync_bn: true, 64 images per rank)" in forced
     bad = runner.invoke(cli, ["render", job, "--set", "train.sync_bn=1"])
-    assert bad.exit_code == 2 and "train.sync_bn must be auto, true or false" in bad.output
+    assert bad.exit_code == 2 and "train.sync_bn: must be one of 'auto', True, False, got '1'" in bad.output

@@ -3,9 +3,10 @@
 ``submit`` pickles ``TrainJob(config_yaml, run_dir)``; every Slurm task (or submitit-local process)
 unpickles it — without importing torch, so login nodes and submitters never need it — and calls it.
 The call installs our preemption handler in every rank first (replacing submitit's rank-0-only one),
-then runs training in this task and returns a small summary. A preempted run that was requeued must
-not return normally: submitit would record a result for an instance that did not finish, so the call
-raises ``SystemExit(0)``; checkpointed but not requeued, ``SystemExit(75)``.
+then runs training in this task (:func:`hpc_train.train.rank.run`, the lifecycle every entrypoint shares)
+and returns a small summary. Anything but a finished run does not return: submitit would record a result
+for an instance that did not finish, so the call raises ``SystemExit`` with the rank's exit code (0 for a
+requeued run, 75 checkpointed but not requeued, 2 bad configuration or data, 1 a crash).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+
+from .. import rundir
 
 
 def _exit_quietly_after_submitit() -> None:
@@ -55,16 +58,14 @@ class TrainJob:
         return spec_from_yaml_text(text, "TrainJob config"), None
 
     def __call__(self) -> dict[str, Any]:
-        from . import preempt
+        from . import rank
 
-        preempt.install()  # first: a signal during the imports below must not kill the rank
-        spec, job_file = self._spec()
-        preempt.install(spec.slurm.signal)
-        from . import launch  # imports torch
-
-        outcome = launch.run(spec, run_dir=self.run_dir or None, dry_run=False, job_file=job_file)
-        if outcome.summary.get("preempted"):
-            print(outcome.message, flush=True)
+        outcome = rank.run(self._spec, run_dir=self.run_dir or None)
+        if outcome.exit_code != 0 or outcome.summary.get("preempted"):
+            # No result for submitit: a failed rank has said why (stderr, the run's state log) and leaves
+            # with its exit code for srun; a preempted one with 0 (requeued) or 75.
+            if outcome.summary.get("preempted"):
+                print(outcome.message, flush=True)
             raise SystemExit(outcome.exit_code)
         summary = outcome.summary
         _exit_quietly_after_submitit()
@@ -114,16 +115,17 @@ class TorchrunJob(TrainJob):
             "-m", "hpc_train.train", "--resolved", str(run_dir / "job.yaml"),
         ]
         returncode = subprocess.run(command, check=False).returncode
+        state = rundir.read_state(run_dir).state
+        if state == rundir.REQUEUED:
+            raise SystemExit(rundir.EXIT_OK)
+        if state == rundir.PREEMPTED:
+            raise SystemExit(rundir.EXIT_CHECKPOINTED)
+        if returncode != 0:  # the workers have said why in this log; srun gets torchrun's code
+            print(f"hpc-train: torchrun exited with status {returncode} on {env.get('SLURMD_NODENAME', '?')}",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(returncode)
         try:
-            state = json.loads((run_dir / "status.json").read_text()).get("state")
+            summary = json.loads((run_dir / rundir.SUMMARY).read_text())
         except (OSError, ValueError):
-            state = None
-        if state == "requeued":
-            raise SystemExit(0)
-        if state == "preempted":
-            raise SystemExit(75)
-        if returncode != 0:
-            raise RuntimeError(f"torchrun exited with status {returncode} on {env.get('SLURMD_NODENAME', '?')}; "
-                               "see the workers' lines in this log")
-        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+            summary = {}
         return {k: summary.get(k) for k in ("run_dir", "dataset", "epochs", "global_step", "world_size")}

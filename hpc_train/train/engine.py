@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .. import sync_bn
+from .. import rundir, sync_bn
 from ..config import JobSpec, LossConfig, ScheduleConfig, TrainConfig
 from ..dist import DistEnv
 from ..errors import ConfigError
@@ -222,7 +222,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         t = self.cfg
-        self._write_status("running")
+        self._write_status(rundir.RUNNING)
         if self.global_step == 0 and self.ctx.is_main:
             log.info("training %s: %d epochs (+%d cRT), %d steps per epoch, batch %d (%d per rank x %d ranks)",
                      self.data.name, t.epochs, t.two_stage.crt_epochs, self.steps_per_epoch, t.batch_size,
@@ -320,7 +320,8 @@ class Trainer:
         else:
             summary = (f"checkpoint {path.name} written, run stopped ({message or 'see rank 0'}); continue it "
                        f"with: hpc-train submit --resume {self.run_dir}")
-        self._write_status("requeued" if requeued else "preempted", exit_code=0 if requeued else 75)
+        self._write_status(rundir.REQUEUED if requeued else rundir.PREEMPTED,
+                           exit_code=rundir.EXIT_OK if requeued else rundir.EXIT_CHECKPOINTED)
         if self.ctx.is_main:
             log.warning(summary)
         raise preempt.Preempted(requeued=requeued, message=summary, checkpoint=str(path))
@@ -478,18 +479,17 @@ class Trainer:
                 plot_per_class(self.run_dir / "per_class_accuracy.png", final["per_class"], self.counts,
                                f"{self.data.name}: per-class accuracy ({final['phase']})")
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        self._write_status("completed", exit_code=0)
+        self._write_status(rundir.COMPLETED, exit_code=rundir.EXIT_OK)
         return summary
 
     def _write_status(self, state: str, exit_code: int | None = None) -> None:
+        """Rank 0 records the run's state and progress in the run directory (its owner: hpc_train.rundir)."""
         if not self.ctx.is_main:
             return
-        status = {"state": state, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
-                  "global_step": self.global_step, "total_epochs": self.total_epochs, "exit_code": exit_code,
-                  "updated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        tmp = self.run_dir / ".status.json.tmp"
-        tmp.write_text(json.dumps(status) + "\n", encoding="utf-8")
-        tmp.replace(self.run_dir / "status.json")
+        instance, restart = rundir.instance_of()
+        rundir.append_event(self.run_dir, state, writer="trainer", instance=instance, restart=restart,
+                            epoch=self.epoch, step_in_epoch=self.step_in_epoch, global_step=self.global_step,
+                            total_epochs=self.total_epochs, exit_code=exit_code)
 
 
 def _fmt(value: float | None) -> str:

@@ -9,32 +9,26 @@ never at import time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from .. import rundir
 from ..config import JobSpec, dump_yaml
 from ..dist import DistEnv, init_process_group
 from ..errors import ConfigError
 from . import preempt
+from .rank import RunOutcome
 
 log = logging.getLogger("hpc_train.train")
 
-RUN_DIR_ENV = "HPC_TRAIN_RUN_DIR"
-
-
-@dataclass
-class RunOutcome:
-    exit_code: int
-    run_dir: Path | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
-    message: str = ""
+RUN_DIR_ENV = rundir.RUN_DIR_ENV
 
 
 class _RankFormatter(logging.Formatter):
@@ -192,6 +186,124 @@ def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_par
     return "\n".join(lines)
 
 
+def _check_launcher(spec: JobSpec) -> DistEnv:
+    """Who this rank is; a launcher that started another world size than the job's fails here, before a
+    rendezvous that would hang until its timeout."""
+    env = DistEnv.from_environ()
+    if env.source != "single":
+        env.check(expected_world_size=spec.slurm.world_size)
+    return env
+
+
+def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
+    """Build data, model and loss and print the plan; nothing is trained or written."""
+    import torch
+
+    from . import datasets
+    from .engine import init_model
+    from .losses import build_loss
+    from .samplers import stage_sampler
+
+    t = spec.train
+    world = spec.slurm.world_size if (env.source == "single" and t.strategy == "ddp") else env.world_size
+    data = datasets.load(t.data, download_ok=False)
+    model = init_model(t, data)
+    build_loss(t.loss, [int(c) for c in data.train_counts])
+    steps = stage_sampler(t, data.train.labels, data.num_classes, "main").steps_per_epoch(t.batch_size)
+    crt_steps = (stage_sampler(t, data.train.labels, data.num_classes, "crt").steps_per_epoch(t.batch_size)
+                 if t.two_stage.crt_epochs else 0)
+    device_text = "cuda" if wants_cuda(spec) else "cpu"
+    if wants_cuda(spec) and not torch.cuda.is_available():
+        device_text += " (not available on this machine: the ranks need it)"
+    print(plan_text(spec, data, world_size=world, device_text=device_text, num_params=count_parameters(model),
+                    steps=steps, crt_steps=crt_steps), flush=True)
+    return RunOutcome(0)
+
+
+def prepare_run_dir(spec: JobSpec, env: DistEnv, device, run_dir: str | None, job_file: Path | None,
+                    distributed: bool) -> Path:
+    """The run directory every rank agrees on (rank 0's choice), with what this rank saw and the job."""
+    import torch
+
+    chosen = choose_run_dir(spec, run_dir)
+    path = Path(_broadcast_from_rank0(str(chosen)) if distributed else chosen)
+    (path / rundir.RANKS_DIR).mkdir(parents=True, exist_ok=True)
+    (path / rundir.RANKS_DIR / f"rank-{env.rank}.json").write_text(json.dumps(rank_record(env, device), indent=2) + "\n")
+    t = spec.train
+    if env.rank == 0:
+        config_file = path / rundir.JOB_YAML  # the sbatch script and the local launcher write the same file
+        same = job_file is not None and job_file.resolve() == config_file.resolve()
+        if not config_file.exists() and not same:
+            config_file.write_text(dump_yaml(spec), encoding="utf-8")
+        log.info("run directory %s; %d rank(s) (%s), device %s, amp %s, channels_last %s, compile %s",
+                 path, env.world_size, env.source, device, t.amp, t.channels_last, t.compile)
+    per_device = t.batch_size // env.world_size if t.strategy == "ddp" else t.batch_size // max(
+        1, torch.cuda.device_count() if device.type == "cuda" else 1)
+    unsynced = t.strategy != "ddp" or t.sync_bn is False or env.world_size == 1
+    if per_device < 16 and unsynced and env.rank == 0:
+        log.warning("batch per device is %d (< 16) and BatchNorm is not synchronised: its statistics get "
+                    "noisy; raise train.batch_size, or set train.sync_bn to auto or true (ddp)", per_device)
+    return path
+
+
+def load_data(spec: JobSpec, env: DistEnv, device, path: Path, distributed: bool):
+    """The data set on this rank: staged to node-local disk first when asked, downloaded by one rank per
+    node when allowed; rank 0 records the class counts."""
+    from . import datasets
+    from .engine import barrier
+
+    t = spec.train
+    image_root = None
+    if t.data.name == "list" and t.data.stage_to:
+        image_root = Path(os.path.expandvars(t.data.stage_to)).expanduser()
+        # The ranks of a node split the copying (and each node copies for itself).
+        copied = datasets.stage_list_files(t.data, image_root, part=env.local_rank, parts=env.local_world_size)
+        log.info("staged %d image files to %s", copied, image_root)
+        if distributed:
+            barrier(device)
+    if t.data.download and env.local_rank != 0 and distributed:
+        barrier(device)  # local rank 0 downloads first
+    data = datasets.load(t.data, image_root=image_root, download_ok=env.local_rank == 0)
+    if t.data.download and env.local_rank == 0 and distributed:
+        barrier(device)
+    if env.rank == 0:
+        (path / "class_counts.json").write_text(json.dumps(
+            {"dataset": data.name, "train_counts": [int(c) for c in data.train_counts],
+             "class_names": data.class_names}) + "\n", encoding="utf-8")
+    return data
+
+
+@contextlib.contextmanager
+def process_group(spec: JobSpec, env: DistEnv, device) -> Iterator[bool]:
+    """The process group for the run (yields whether there is one). On a clean end — finished, preempted,
+    or refused with a message — the ranks leave together: rank 0 still writes the summary and the plot
+    when the others are done, and a rank that tears gloo down while a peer is busy has been seen to abort
+    at exit ("terminate called without an active exception"), failing a finished job."""
+    from ..errors import HpcTrainError
+    from .engine import barrier
+
+    distributed = env.world_size > 1
+    if distributed:
+        init_process_group(env, backend="nccl" if device.type == "cuda" else "gloo",
+                           timeout_s=spec.train.process_group_timeout_s)
+    clean = False
+    try:
+        yield distributed
+        clean = True
+    except HpcTrainError:
+        clean = True
+        raise
+    finally:
+        import torch.distributed as dist
+
+        if distributed and clean and dist.is_initialized():
+            try:
+                barrier(device)
+            except Exception as exc:  # a peer is gone: nothing to wait for
+                log.warning("final barrier failed (%s); leaving without it", exc)
+            dist.destroy_process_group()
+
+
 def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
         job_file: Path | None = None) -> RunOutcome:
     """Run this rank. Raises HpcTrainError (exit 2) for bad config or data; returns the outcome (the
@@ -199,103 +311,21 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed collective aborts, never hangs
     if spec.train.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initialises
-    import torch
+    from .engine import RankContext, Trainer
 
-    from . import datasets
-    from .engine import RankContext, Trainer, barrier, init_model
-    from .samplers import stage_sampler
-    from .losses import build_loss
-
-    t = spec.train
-    env = DistEnv.from_environ()
-    if env.source != "single":
-        env.check(expected_world_size=spec.slurm.world_size)
+    env = _check_launcher(spec)
     setup_logging(env.rank)
-
     if dry_run:
-        world = spec.slurm.world_size if (env.source == "single" and t.strategy == "ddp") else env.world_size
-        data = datasets.load(t.data, download_ok=False)
-        model = init_model(t, data)
-        build_loss(t.loss, [int(c) for c in data.train_counts])
-        steps = stage_sampler(t, data.train.labels, data.num_classes, "main").steps_per_epoch(t.batch_size)
-        crt_steps = (stage_sampler(t, data.train.labels, data.num_classes, "crt").steps_per_epoch(t.batch_size)
-                     if t.two_stage.crt_epochs else 0)
-        device_text = "cuda" if wants_cuda(spec) else "cpu"
-        if wants_cuda(spec) and not torch.cuda.is_available():
-            device_text += " (not available on this machine: the ranks need it)"
-        print(plan_text(spec, data, world_size=world, device_text=device_text, num_params=count_parameters(model),
-                        steps=steps, crt_steps=crt_steps), flush=True)
-        return RunOutcome(0)
-
+        return print_plan(spec, env)
     device = select_device(spec, env)
     configure_backends(spec, env, device)
-    distributed = env.world_size > 1
-    if distributed:
-        init_process_group(env, backend="nccl" if device.type == "cuda" else "gloo",
-                           timeout_s=t.process_group_timeout_s)
-    clean_exit = False
-    try:
-        chosen = choose_run_dir(spec, run_dir)
-        path = Path(_broadcast_from_rank0(str(chosen)) if distributed else chosen)
-        (path / "ranks").mkdir(parents=True, exist_ok=True)
-        (path / "ranks" / f"rank-{env.rank}.json").write_text(json.dumps(rank_record(env, device), indent=2) + "\n")
-        if env.rank == 0:
-            config_file = path / "job.yaml"  # the plain sbatch script writes the same file
-            same = job_file is not None and job_file.resolve() == config_file.resolve()
-            if not config_file.exists() and not same:
-                config_file.write_text(dump_yaml(spec), encoding="utf-8")
-            log.info("run directory %s; %d rank(s) (%s), device %s, amp %s, channels_last %s, compile %s",
-                     path, env.world_size, env.source, device, t.amp, t.channels_last, t.compile)
-        per_device = t.batch_size // env.world_size if t.strategy == "ddp" else t.batch_size // max(
-            1, torch.cuda.device_count() if device.type == "cuda" else 1)
-        unsynced = t.strategy != "ddp" or t.sync_bn is False or env.world_size == 1
-        if per_device < 16 and unsynced and env.rank == 0:
-            log.warning("batch per device is %d (< 16) and BatchNorm is not synchronised: its statistics get "
-                        "noisy; raise train.batch_size, or set train.sync_bn to auto or true (ddp)", per_device)
-
-        image_root = None
-        if t.data.name == "list" and t.data.stage_to:
-            image_root = Path(os.path.expandvars(t.data.stage_to)).expanduser()
-            # The ranks of a node split the copying (and each node copies for itself).
-            copied = datasets.stage_list_files(t.data, image_root, part=env.local_rank, parts=env.local_world_size)
-            log.info("staged %d image files to %s", copied, image_root)
-            if distributed:
-                barrier(device)
-        if t.data.download and env.local_rank != 0 and distributed:
-            barrier(device)  # local rank 0 downloads first
-        data = datasets.load(t.data, image_root=image_root, download_ok=env.local_rank == 0)
-        if t.data.download and env.local_rank == 0 and distributed:
-            barrier(device)
-        if env.rank == 0:
-            (path / "class_counts.json").write_text(json.dumps(
-                {"dataset": data.name, "train_counts": [int(c) for c in data.train_counts],
-                 "class_names": data.class_names}) + "\n", encoding="utf-8")
-
+    with process_group(spec, env, device) as distributed:
+        path = prepare_run_dir(spec, env, device, run_dir, job_file, distributed)
+        data = load_data(spec, env, device, path, distributed)
         ctx = RankContext(env=env, device=device, rank=env.rank, world_size=env.world_size, distributed=distributed)
-        trainer = Trainer(spec, ctx, data, path)
         try:
-            summary = trainer.fit()
+            summary = Trainer(spec, ctx, data, path).fit()
         except preempt.Preempted as stop:
-            clean_exit = True
             return RunOutcome(stop.exit_code, path, {"preempted": True, "requeued": stop.requeued,
                                                      "checkpoint": stop.checkpoint}, str(stop))
-        clean_exit = True
         return RunOutcome(0, path, summary)
-    except BaseException as exc:
-        from ..errors import HpcTrainError
-
-        clean_exit = clean_exit or isinstance(exc, HpcTrainError)
-        raise
-    finally:
-        if distributed and clean_exit:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                # Leave together: rank 0 still writes the summary and the plot when the others are done,
-                # and a rank that tears gloo down while a peer is busy has been seen to abort at exit
-                # ("terminate called without an active exception"), failing a finished job.
-                try:
-                    barrier(device)
-                except Exception as exc:  # a peer is gone: nothing to wait for
-                    log.warning("final barrier failed (%s); leaving without it", exc)
-                dist.destroy_process_group()

@@ -18,7 +18,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -57,15 +56,6 @@ class ClassCounter:
         per_target = F.one_hot(targets, self.num_classes)
         self.table[1] += per_target.sum(0)
         self.table[0] += (per_target * (predictions == targets).unsqueeze(1)).sum(0)
-
-    def all_reduce(self) -> "ClassCounter":
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(self.table, op=dist.ReduceOp.SUM)
-        return self
-
-    def numpy(self) -> tuple[np.ndarray, np.ndarray]:
-        table = self.table.cpu().numpy()
-        return table[0], table[1]
 
 
 def summarize(correct: Sequence[int], count: Sequence[int], train_counts: Sequence[int]) -> dict[str, Any]:

@@ -28,14 +28,14 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from .. import rundir
+
 log = logging.getLogger("hpc_train.train")
 
-EXIT_REQUEUED = 0
+EXIT_REQUEUED = rundir.EXIT_OK
 """Checkpoint written and the job requeued: this instance ends successfully, the next one resumes."""
-EXIT_CHECKPOINTED = 75
+EXIT_CHECKPOINTED = rundir.EXIT_CHECKPOINTED
 """Checkpoint written, not requeued (EX_TEMPFAIL): continue the run with ``hpc-train submit --resume``."""
-
-DEFAULT_SIGNALS = ("USR2", "TERM")
 
 _received: list[tuple[str, float]] = []  # (signal name, monotonic time); appended by the handler only
 _requeue_signals: set[str] = {"USR2"}

@@ -57,12 +57,16 @@ elapsed() { # seconds since the script started, 3 decimals
 }
 log() { printf '[%s %7ss] %s\n' "${LOG_TAG:-slurm}" "$(elapsed)" "$*"; }
 
-# wait_for TIMEOUT_S WHAT CMD...: re-run CMD every 0.1 s until it succeeds.
-wait_for() {
-    local timeout=$1 what=$2
-    shift 2
+# poll TIMEOUT_S WHAT GIVE_UP CMD...: re-run CMD every 0.1 s until it succeeds; GIVE_UP (a command run
+# between tries) ends the wait early when it succeeds.
+poll() {
+    local timeout=$1 what=$2 give_up=$3
+    shift 3
     local deadline=$(($(now_us) + timeout * 1000000))
     until "$@" >/dev/null 2>&1; do
+        if $give_up; then
+            return 1
+        fi
         if (($(now_us) > deadline)); then
             log "TIMEOUT after ${timeout}s waiting for $what"
             return 1
@@ -71,24 +75,30 @@ wait_for() {
     done
 }
 
+# wait_for TIMEOUT_S WHAT CMD...: re-run CMD every 0.1 s until it succeeds.
+wait_for() {
+    local timeout=$1 what=$2
+    shift 2
+    poll "$timeout" "$what" false "$@"
+}
+
 # wait_daemon TIMEOUT_S NAME PIDFILE CMD...: wait_for, but fail at once when the daemon died
 # (e.g. slurmctld's "fatal: ... Address already in use" after it daemonized).
 wait_daemon() {
-    local timeout=$1 name=$2 pidfile=$3 pid=
+    local timeout=$1 name=$2 pidfile=$3 daemon_pid=
     shift 3
-    local deadline=$(($(now_us) + timeout * 1000000))
-    until "$@" >/dev/null 2>&1; do
-        [[ -n $pid ]] || pid=$(read_pid "$pidfile")
-        if [[ -n $pid ]] && ! pid_alive "$pid"; then
-            log "$name (pid $pid) died while starting: see $BASE/log/"
-            return 1
-        fi
-        if (($(now_us) > deadline)); then
-            log "TIMEOUT after ${timeout}s waiting for $name"
-            return 1
-        fi
-        sleep 0.1
-    done
+    poll "$timeout" "$name" "daemon_died $name $pidfile" "$@"
+}
+
+# daemon_died NAME PIDFILE: the daemon wrote its pid file and that process is gone (says so). The pid is
+# kept in the caller's daemon_pid once read: a daemon deletes its pid file when it exits.
+daemon_died() {
+    [[ -n $daemon_pid ]] || daemon_pid=$(read_pid "$2")
+    if [[ -n $daemon_pid ]] && ! pid_alive "$daemon_pid"; then
+        log "$1 (pid $daemon_pid) died while starting: see $BASE/log/"
+        return 0
+    fi
+    return 1
 }
 
 # port_listening PORT: something listens on TCP PORT in this network namespace.

@@ -63,6 +63,14 @@ fi
 RUN_DIR=/shared/project/runs/cifar100-lt/"$RUN_ID"
 mkdir -p "$RUN_DIR/logs"
 export HPC_TRAIN_RUN_DIR="$RUN_DIR"
+# The run's state, one line per change (hpc_train/rundir.py reads them for `hpc-train status`): this
+# launch started here, and the exit block below records how it ended.
+run_event() {  # run_event EVENT [EXIT_CODE]
+    printf '{"event": "%s", "writer": "launcher", "instance": "slurm:%s.%s", "restart": %s, "job_id": "%s", "exit_code": %s, "time": "%s"}\n' \
+        "$1" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_ID" "${2:-null}" \
+        "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" >> "$RUN_DIR/state.jsonl"
+}
+run_event running
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
 cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_FA6E76F3E783'
 name: cifar100-lt
@@ -248,8 +256,10 @@ set -e
 echo "hpc-train: srun exited with status $status"
 # srun reports how the ranks ended, not why: a run that checkpointed on the signal but may not requeue
 # (max_requeues reached) exits 75, the trainer's "continue me" code, whatever the killed ranks returned.
-if [ "$status" -ne 0 ] && "$PYTHON" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("state") != "preempted")' "$RUN_DIR/status.json" 2>/dev/null; then
+# The exit code becomes the run's state (hpc_train/rundir.py: 0 completed, 75 preempted, else failed).
+if [ "$status" -ne 0 ] && tail -n 1 "$RUN_DIR/state.jsonl" 2>/dev/null | grep -q '"event": "preempted"'; then
     echo "hpc-train: checkpointed but not requeued; continue with: hpc-train submit --resume $RUN_DIR"
     status=75
 fi
+run_event exit "$status" || true
 exit "$status"

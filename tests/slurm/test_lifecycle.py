@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_train import rundir
 from hpc_train.config import SiteConfig, resolve_job
 from hpc_train.render import LaunchSpec, render_sbatch
 from hpc_train.resources import jobs_dir, templates_dir
@@ -32,6 +33,7 @@ def hpc(cluster, *args, cwd: Path, check: bool = True, timeout: float = 300, env
     env = {**cluster.env, "PATH": f"{Path(sys.executable).parent}:{cluster.env.get('PATH', os.environ['PATH'])}",
            **(env_extra or {})}
     env.pop("HPC_TRAIN_SITE", None)
+    env["HPC_TRAIN_STATE_DIR"] = str(cwd / ".state")  # the run index of these tests, not the user's
     env.update(env_extra or {})
     result = subprocess.run([sys.executable, "-m", "hpc_train.cli", *args], capture_output=True, text=True,
                             cwd=cwd, env=env, timeout=timeout)
@@ -115,7 +117,8 @@ def test_submit_ranks_logs_status(slurm_cluster, work):
     for rank in range(4):
         assert f"[rank {rank}] " in logs, f"rank {rank} missing from logs"
     status = json.loads(hpc(slurm_cluster, "status", f"digits-lt-demo/{job_id}", "--json", cwd=work).stdout)
-    assert status["state"] == "COMPLETED" and status["progress"]["epoch"] == 2
+    assert status["state"] == "completed" and status["progress"]["epoch"] == 2
+    assert status["slurm_state"] == "COMPLETED" and status["exit_code"] == 0
     test_submit_ranks_logs_status.steps_per_epoch = evals[-1]["global_step"] // 2  # used by the resume tests
 
 
@@ -141,7 +144,7 @@ def test_rendered_script_with_plain_sbatch(slurm_cluster, work):
     assert spec_from_yaml_text((run_dir / "job.yaml").read_text(), "job.yaml") == expected
     # status/logs work on a run that hpc-train did not submit (no run.json).
     status = json.loads(hpc(slurm_cluster, "status", str(run_dir), "--json", cwd=work).stdout)
-    assert status["state"] == "COMPLETED"
+    assert status["state"] == "completed" and status["exit_code"] == 0  # the script's exit block said so
     assert "[rank 3] " in hpc(slurm_cluster, "logs", str(run_dir), cwd=work).stdout
 
 
@@ -215,7 +218,7 @@ def test_status_logs_follow_cancel(slurm_cluster, work):
     job_id, run_dir = out["job_id"], Path(out["run_dir"])
     wait_for(lambda: metrics(run_dir), 120, "the first evaluation")
     status = json.loads(hpc(slurm_cluster, "status", job_id, "--json", cwd=work).stdout)
-    assert status["state"] == "RUNNING" and status["source"] == "squeue" and status["nodes"]
+    assert status["state"] == "running" and status["source"] == "squeue" and status["nodes"]
     follower = subprocess.Popen([sys.executable, "-m", "hpc_train.cli", "logs", "to-cancel", "-f", "--rank", "0"],
                                 cwd=work, env={**slurm_cluster.env}, stdout=subprocess.PIPE, text=True)
     time.sleep(3)
@@ -224,8 +227,8 @@ def test_status_logs_follow_cancel(slurm_cluster, work):
     followed, _ = follower.communicate(timeout=60)  # -f ends by itself once the job has ended
     assert follower.returncode == 0 and "[rank 0] " in followed and "epoch" in followed
     final = wait_for(lambda: (s := json.loads(hpc(slurm_cluster, "status", job_id, "--json", cwd=work).stdout))
-                     ["state"] == "CANCELLED" and s, 30, "status CANCELLED")
-    assert final["source"] == "sacct"
+                     ["source"] == "sacct" and s, 30, "the cancelled job in sacct")
+    assert final["state"] == "cancelled" and final["slurm_state"] == "CANCELLED"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -233,11 +236,9 @@ def test_status_logs_follow_cancel(slurm_cluster, work):
 # ------------------------------------------------------------------------------------------------
 
 def _status_json(run_dir: Path) -> dict:
-    path = run_dir / "status.json"
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except json.JSONDecodeError:
-        return {}
+    """What the run directory says (hpc_train.rundir): the state and the trainer's last progress."""
+    state = rundir.read_state(run_dir)
+    return {"state": state.state, **state.progress}
 
 
 def test_usr2_and_scontrol_requeue_resume_to_the_same_step_count(slurm_cluster, work):
@@ -287,8 +288,9 @@ def test_time_limit_cap_then_resume(slurm_cluster, work):
     stopped = _status_json(run_dir)
     assert stopped["state"] == "preempted" and 0 < stopped["epoch"] < epochs
     status = json.loads(hpc(slurm_cluster, "status", job_id, "--json", cwd=work).stdout)
-    assert status["state"] == "FAILED" and status["exit_code"].startswith("75:")
-    assert status["train_state"] == "preempted" and "--resume" in status["hint"]
+    assert status["state"] == "preempted" and status["exit_code"] == 75
+    assert status["slurm_state"] == "FAILED" and status["slurm_exit_code"].startswith("75:")
+    assert "--resume" in status["hint"]
     # Continue it in a new job (`--set` may change the run's length: here, a few epochs past the checkpoint).
     until = stopped["epoch"] + 3
     # --chain 2: a second job queued after the first (afterany) resumes too, finding the run complete.
@@ -320,7 +322,7 @@ def test_array_of_three(slurm_cluster, work):
         assert metrics(run_dir)[-1]["epoch"] == 1
         seeds.append(json.loads((run_dir / "config.json").read_text())["train"]["seed"])
         assert f"--array=0-2%2" in (run_dir / "job.sbatch").read_text()
-        assert json.loads(hpc(slurm_cluster, "status", task, "--json", cwd=work).stdout)["state"] == "COMPLETED"
+        assert json.loads(hpc(slurm_cluster, "status", task, "--json", cwd=work).stdout)["state"] == "completed"
     assert seeds == [0, 1, 2]
 
 
@@ -347,10 +349,24 @@ def test_crashing_rank_is_named(slurm_cluster, work):
     assert time.monotonic() - started < 120
     job_id = re.search(r"job (\d+)", result.stdout + result.stderr).group(1)
     status = json.loads(hpc(slurm_cluster, "status", job_id, "--json", cwd=work).stdout)
-    assert status["state"] == "FAILED"
+    assert status["state"] == "failed"
     assert status["first_failure"].startswith("rank 3 on gpu02")
     logs = hpc(slurm_cluster, "logs", job_id, cwd=work)
     assert "boom on gpu02" in logs.stdout and "first failure: rank 3 on gpu02" in logs.stderr
+
+
+def test_a_data_error_on_the_ranks_is_exit_2_with_its_reason(slurm_cluster, work):
+    # The job's own runs_dir (not ./runs): status finds the run by name all the same (the run index).
+    job = work / "elsewhere.yaml"
+    job.write_text("name: data-error\nruns_dir: elsewhere-runs\ntrain:\n  data: {name: cifar10-lt, root: /nonexistent}\n")
+    result = hpc(slurm_cluster, "submit", str(job), "--nodes", "1", "--gpus", "2", "--set", "train.device=cpu",
+                 "--wait", cwd=work, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    error = result.stderr.strip().splitlines()[-2:]
+    assert "missing data_batch_1" in error[0] and "Traceback" not in result.stderr
+    status = json.loads(hpc(slurm_cluster, "status", "data-error", "--json", cwd=work).stdout)
+    assert status["state"] == "failed" and "missing data_batch_1" in status["reason"] and status["exit_code"] == 2
+    assert status["run_dir"].startswith(str(work / "elsewhere-runs" / "data-error"))
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from hpc_train import rundir
+
 torch = pytest.importorskip("torch")
 
 from hpc_train.config import dump_yaml  # noqa: E402
@@ -60,12 +62,12 @@ def test_bad_input_exit_code_of_the_real_process(tmp_path):
     assert missing.returncode == 2 and "job file not found" in missing.stderr
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the missing-CUDA path")
 @pytest.mark.parametrize("sets, why", [
     (["train.device=cuda"], "train.device=cuda"),
     (["slurm.gpus_per_node=1"], "slurm.gpus_per_node=1"),  # device auto + GPUs requested: never a CPU fallback
 ])
-def test_cuda_without_cuda_exits_2(sets, why, tmp_path, capsys, restore_signals):
+def test_cuda_without_cuda_exits_2(sets, why, tmp_path, capsys, restore_signals, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the missing-CUDA path, on any host
     job = write_job(tmp_path / "job.yaml", DIGITS_QUICK, tasks=1)
     args = [str(job), "--run-dir", str(tmp_path / "run")]
     for item in sets:
@@ -125,7 +127,7 @@ def test_run_directory_outputs(tmp_path, capsys):
             "CUDA_VISIBLE_DEVICES"} <= set(rank)
     assert (run_dir / "job.yaml").read_text() == dump_yaml(spec)
     assert (run_dir / "per_class_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+    assert rundir.read_state(run_dir).state == "completed"
     assert len(ckpt.list_checkpoints(run_dir)) == spec.train.keep_checkpoints
 
 
@@ -269,7 +271,7 @@ def test_preempted_train_job_requeues_and_does_not_return(tmp_path, restart_coun
     assert "RETURNED" not in proc.stdout  # submitit must record no result for this instance
     state = torch.load(ckpt.list_checkpoints(run_dir)[0], weights_only=True)
     assert state["global_step"] == 3 and state["epoch"] == 0 and state["step_in_epoch"] == 3
-    status = json.loads((run_dir / "status.json").read_text())
+    status = {"state": rundir.read_state(run_dir).state}
     if expect_requeue:
         assert proc.returncode == 0, proc.stderr
         assert log.read_text().split() == ["requeue", "1200_3"]  # the array-aware id

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from hpc_train import rundir
+
 torch = pytest.importorskip("torch")
 
 from hpc_train.train import checkpoint as ckpt  # noqa: E402
@@ -79,7 +81,7 @@ def test_usr2_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path):
     stopped = _newest_state(preempted_dir)
     assert stopped["epoch"] == 1 and 3 <= stopped["step_in_epoch"] < spe, (stopped["epoch"], stopped["step_in_epoch"])
     assert stopped["global_step"] == spe + stopped["step_in_epoch"]
-    assert json.loads((preempted_dir / "status.json").read_text())["state"] == "preempted"
+    assert rundir.read_state(preempted_dir).state == "preempted"
 
     second = launch_ranks([str(job), "--run-dir", str(preempted_dir)], WORLD, tmp_path,
                           log_prefix=str(tmp_path / "second"))

@@ -1,0 +1,5 @@
+"""``python -m hpc_train.cli`` is ``hpc-train``."""
+
+from . import main
+
+main()

@@ -1,0 +1,117 @@
+"""Options several commands share, and the few helpers behind them (the job they name, the runs root)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from ..errors import ConfigError
+
+# Explicit flags and the job keys they set (the top layer of the configuration).
+FLAG_KEYS = {
+    "nodes": "slurm.nodes",
+    "gpus": "slurm.gpus_per_node",
+    "tasks_per_node": "slurm.tasks_per_node",
+    "launcher": "slurm.launcher",
+    "time": "slurm.time",
+    "partition": "slurm.partition",
+    "account": "slurm.account",
+    "name": "name",
+    "runs_dir": "runs_dir",
+}
+
+RUNS_DIR_HELP = "Where run directories go (default: the job's runs_dir, ./runs)."
+
+
+def _apply(func: Callable[..., Any], options: list[Callable[..., Any]]) -> Callable[..., Any]:
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    return _apply(func, [
+        click.argument("job", required=False, metavar="[JOB]"),
+        click.option("--nodes", "-N", type=click.IntRange(min=1), envvar="HPC_TRAIN_NODES", show_envvar=True,
+                     help="Number of nodes."),
+        click.option("--gpus", "-G", type=click.IntRange(min=0), envvar="HPC_TRAIN_GPUS", show_envvar=True,
+                     help="GPUs per node; implies one rank per GPU unless --tasks-per-node is given."),
+        click.option("--tasks-per-node", type=click.IntRange(min=1), help="Ranks per node (CPU jobs; default: one per GPU)."),
+        click.option("--launcher", type=click.Choice(["srun", "torchrun"]), help="Launch block: srun (one task per rank) or torchrun (one per node)."),
+        click.option("--time", "-t", help="Time limit, Slurm format (e.g. 02:00:00, 1-00:00)."),
+        click.option("--partition", "-p", envvar="HPC_TRAIN_PARTITION", show_envvar=True, help="Slurm partition."),
+        click.option("--account", "-A", envvar="HPC_TRAIN_ACCOUNT", show_envvar=True, help="Slurm account."),
+        click.option("--name", help="Job name (also the run-directory group)."),
+        click.option("--runs-dir", envvar="HPC_TRAIN_RUNS_DIR", show_envvar=True, help=RUNS_DIR_HELP),
+        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                     help="Override any job key, value read by its field's type (e.g. --set train.epochs=10, "
+                          "--set train.amp=off). Repeatable."),
+        click.option("--epochs", type=click.IntRange(min=1), metavar="N",
+                     help="Train N epochs, every epoch-indexed key (warm-up, milestones, DRW, cRT) rescaled in "
+                          "proportion; prints what it changed."),
+    ])
+
+
+def sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    return _apply(func, [
+        click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
+                     help="One run (an array task on Slurm) per value; several --sweep: their grid. train.* keys only."),
+        click.option("--sweep-file", type=click.Path(dir_okay=False, path_type=Path),
+                     help="YAML sweep: {key: [values]} (grid) or {points: [{key: value}, ...]}."),
+        click.option("--max-parallel", type=click.IntRange(min=1, max=1000),
+                     help="Array throttle: at most N tasks at once (%N). Local runs go one at a time."),
+    ])
+
+
+runs_dir_option = click.option("--runs-dir", envvar="HPC_TRAIN_RUNS_DIR", show_envvar=True,
+                               help="Where run directories are (default: the site file's runs_dir, else ./runs; "
+                                    "runs submitted from here are found wherever they are).")
+
+
+def resolve(kwargs: dict[str, Any], job: str | Path | None = None):
+    """The job a command works on (site file, job file, --set, flags and any sweep): config.resolve."""
+    from ..config import resolve as resolve_config
+
+    flags = {key: kwargs.get(opt) for opt, key in FLAG_KEYS.items()}
+    resolved = resolve_config(job if job is not None else kwargs.get("job"), sets=kwargs.get("sets", ()),
+                              flags=flags, sweeps=kwargs.get("sweeps", ()), sweep_file=kwargs.get("sweep_file"))
+    epochs = kwargs.get("epochs")
+    if epochs is None:
+        return resolved
+    from ..epochs import describe, rescale
+
+    spec, changes = rescale(resolved.spec, epochs)
+    sweep = tuple(rescale(point, epochs)[0] for point in resolved.sweep)
+    click.echo(describe(epochs, changes), err=True)
+    return dataclasses.replace(resolved, spec=sweep[0] if sweep else spec, sweep=sweep)
+
+
+def runs_root(runs_dir: str | None) -> Path:
+    """The runs root of the layered configuration: --runs-dir (or $HPC_TRAIN_RUNS_DIR), else the site file's
+    runs_dir, else the default job's (./runs)."""
+    from .. import rundir
+    from ..config import JobSpec, load_site
+
+    if runs_dir is None:
+        site_value = load_site().defaults.get("runs_dir")
+        runs_dir = getattr(site_value, "text", None) or JobSpec().runs_dir
+    return rundir.runs_root(os.path.expanduser(runs_dir)).resolve()
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def write_output(path: Path, text: str) -> None:
+    """Write a file the user named (``-o``), whole or not at all; an impossible path is exit 2."""
+    from .. import rundir
+
+    try:
+        rundir.write_text_atomic(path, text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None

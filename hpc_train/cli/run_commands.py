@@ -1,0 +1,95 @@
+"""status, logs, cancel: the commands that work on runs (wherever their job's runs_dir put them)."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import ConfigError
+from . import CONTEXT, cli
+from .options import echo_json, runs_dir_option, runs_root
+
+_SHOWN = ("reason", "slurm_state", "elapsed", "nodes", "exit_code", "restarts", "first_failure", "hint")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run", required=False)
+@runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
+    """Show the state of a run, or of every run here (under the runs directory, and the runs submitted
+    from this directory wherever their job's runs_dir put them).
+
+    RUN is a run name (name/id), a job id, a run directory, or a job name (its latest run). The state
+    (queued, running, completed, failed, cancelled, preempted, requeued) is what the run directory
+    recorded, checked against squeue and sacct; a failed run says why, and names its first failing
+    rank and host.
+
+    \b
+    Examples:
+      hpc-train status
+      hpc-train status digits-lt-demo/4242 --json
+    """
+    from ..run_index import find_runs, resolve_run
+    from ..run_status import run_status
+
+    root = runs_root(runs_dir)
+    runs = [resolve_run(run, root)] if run else find_runs(root)
+    rows = [run_status(r) for r in runs]
+    if as_json:
+        echo_json(rows[0] if run else rows)
+        return
+    if not rows:
+        click.echo(f"no runs under {root}, and none submitted from here")
+        return
+    for row in rows:
+        extra = ", ".join(f"{k.replace('_', ' ')} {row[k]}" for k in _SHOWN if k in row)
+        progress = row.get("progress")
+        if progress:
+            extra = (extra + ", " if extra else "") + " ".join(f"{k}={v}" for k, v in progress.items())
+        click.echo(f"{row['run']}  job {row['job_id']}  {row['state']}" + (f"  ({extra})" if extra else ""))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run")
+@runs_dir_option
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends.")
+@click.option("--rank", type=click.IntRange(min=0), help="Only this rank's log.")
+def logs(run: str, runs_dir: str | None, follow: bool, rank: int | None) -> None:
+    """Print a run's logs: the batch log and every rank's, each line prefixed with its source.
+
+    \b
+    Examples:
+      hpc-train logs 4242
+      hpc-train logs digits-lt-demo/4242 --rank 0 -f
+    """
+    from ..run_index import resolve_run
+    from ..run_status import first_failure, follow_logs, is_over
+
+    found = resolve_run(run, runs_root(runs_dir))
+    world = int(found.record.get("world_size") or 0)
+    if rank is not None and world and rank >= world:
+        raise ConfigError(f"--rank {rank}: the run has ranks 0-{world - 1}")
+    try:
+        for line in follow_logs(found, rank, follow=follow, is_done=lambda: is_over(found)):
+            click.echo(line)
+    except KeyboardInterrupt:
+        pass
+    failure = first_failure(found)
+    if failure:
+        click.echo(f"first failure: {failure}", err=True)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run")
+@runs_dir_option
+def cancel(run: str, runs_dir: str | None) -> None:
+    """Cancel a run (scancel on Slurm; a local run's ranks are ended at once).
+
+    \b
+    Example:
+      hpc-train cancel digits-lt-demo/4242
+    """
+    from ..run_index import resolve_run
+    from ..run_status import cancel_run
+
+    click.echo(cancel_run(resolve_run(run, runs_root(runs_dir))))

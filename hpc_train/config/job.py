@@ -1,0 +1,168 @@
+"""The job: its name, where its runs go, and the ``slurm:`` section (what the sbatch script asks Slurm for
+and how it launches the ranks). The ``train:`` section is :mod:`hpc_train.config.training`.
+
+The dataclass fields *are* the schema (see :mod:`hpc_train.config.typed`); cross-field checks live in
+:mod:`hpc_train.config.validate`. Torch-free and click-free.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from .training import TrainConfig
+from .typed import to_plain
+
+Launcher = Literal["srun", "torchrun"]
+GpuFlag = Literal["gpus-per-node", "gres"]
+ContainerRuntime = Literal["apptainer", "pyxis"]
+
+# Slurm's --time forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+
+
+def time_to_minutes(value: str) -> int:
+    """Minutes of a Slurm ``--time`` string (rounded up, as Slurm does). Raises ValueError."""
+    m = _TIME_RE.match(value.strip())
+    if not m:
+        raise ValueError(value)
+    if m.group(1) is not None:  # D-HH[:MM[:SS]]
+        days, hours = int(m.group(1)), int(m.group(2))
+        minutes, seconds = int(m.group(3) or 0), int(m.group(4) or 0)
+    else:
+        parts = [int(p) for p in (m.group(5), m.group(6), m.group(7)) if p is not None]
+        days = 0
+        if len(parts) == 1:
+            hours, minutes, seconds = 0, parts[0], 0
+        elif len(parts) == 2:
+            hours, minutes, seconds = 0, parts[0], parts[1]
+        else:
+            hours, minutes, seconds = parts
+    total_s = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    return -(-total_s // 60)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerConfig:
+    """Run every task inside a container (the image must hold Python and hpc-train[train])."""
+
+    runtime: ContainerRuntime = "apptainer"
+    """``apptainer`` wraps the launch command in ``apptainer exec --nv``; ``pyxis`` adds
+    ``--container-image`` to srun (enroot/pyxis sites)."""
+    image: str = ""
+    """Image path (apptainer .sif) or reference (pyxis, e.g. ``nvcr.io#nvidia/pytorch:24.05-py3``)."""
+    binds: tuple[str, ...] = ()
+    """Host paths made visible in the container (``src[:dst]``). The submit directory is added."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmConfig:
+    """What the sbatch script asks Slurm for, and how it launches the ranks."""
+
+    nodes: int = 1
+    """Number of nodes."""
+    gpus_per_node: int = 0
+    """GPUs per node. 0 runs on CPUs (gloo)."""
+    tasks_per_node: int | None = None
+    """Training processes (ranks) per node. Unset: one per GPU (``gpus_per_node``), or 1 without GPUs."""
+    cpus_per_task: int = 4
+    """CPU cores per rank (data loading threads, OMP_NUM_THREADS)."""
+    mem_gb: int | None = None
+    """Memory per node in GB; 0 asks for all of it; unset leaves the partition default."""
+    time: str = "01:00:00"
+    """Wall-time limit in Slurm's format (``MM``, ``HH:MM:SS``, ``D-HH:MM`` ...)."""
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    """Ask for whole nodes (``--exclusive``)."""
+    launcher: Launcher = "srun"
+    """``srun``: one Slurm task per rank (default). ``torchrun``: one task per node, c10d rendezvous."""
+    template: str = "default.sbatch.j2"
+    """The sbatch template file, looked up on the template search path (site dirs first)."""
+    modules: tuple[str, ...] = ()
+    """Environment modules to load after ``module purge`` (Lmod or Environment Modules)."""
+    module_purge: bool = True
+    """Run ``module purge`` before loading ``modules`` (only when modules are given)."""
+    venv: str | None = None
+    """A virtualenv to activate on the nodes (its ``bin/activate`` is sourced)."""
+    conda_env: str | None = None
+    """A conda environment to activate on the nodes (conda.sh is sourced first)."""
+    python: str | None = None
+    """Interpreter that runs the ranks. Unset: ``python`` of the activated venv/conda env, else the
+    interpreter that ran ``hpc-train``."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment variables for every rank (NCCL/IB settings usually come from the site file)."""
+    container: ContainerConfig | None = None
+    signal: str = "USR2"
+    """Signal Slurm sends before the time limit (and on preemption); it triggers checkpoint + requeue.
+    Not USR1: NCCL uses it."""
+    signal_delay_s: int = 120
+    """Seconds before the time limit at which ``signal`` is sent."""
+    requeue: bool = True
+    """Requeue the job after a checkpoint on preemption or time limit."""
+    max_requeues: int = 3
+    """Give up requeueing after this many restarts (``SLURM_RESTART_COUNT``)."""
+    gpu_flag: GpuFlag | None = None
+    """How GPUs are requested: ``--gpus-per-node=N`` or ``--gres=gpu:N``. Unset: ``--gpus-per-node``
+    (preflight picks by Slurm version). Usually set once in the site file."""
+    gres_name: str = "gpu"
+    """GRES name for ``gres`` (``--gres=<name>:N``), some sites use typed names like ``gpu:a100``."""
+    cpu_bind: str | None = None
+    """``srun --cpu-bind=`` value (e.g. ``none`` on partitions with non-contiguous masks)."""
+    srun_args: tuple[str, ...] = ()
+    """Extra srun arguments, each one word (they are quoted)."""
+    extra_sbatch: Mapping[str, str | bool | None] = field(default_factory=dict)
+    """Extra ``#SBATCH`` keys: ``{mail-type: END}`` → ``#SBATCH --mail-type=END``; ``true`` → bare flag,
+    ``false`` or ``null`` → left out (a job file can drop a site file's key). Keys hpc-train writes itself
+    (``nodes``, ``time``, ``output`` ...) are refused with the key or flag to use instead."""
+    master_port_base: int = 20000
+    """MASTER_PORT = base + (job id [+ array task id]) mod ``master_port_span``, bind-checked on node 1."""
+    master_port_span: int = 12000
+    """Range of candidate MASTER_PORTs (20000-31999 by default): below the kernel's ephemeral ports (32768
+    and up), and the range the Ansible role opens in the firewall (slurm_gpu_node_rendezvous_port_range)."""
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Training processes per node, whatever the launcher."""
+        if self.tasks_per_node is not None:
+            return self.tasks_per_node
+        return self.gpus_per_node if self.gpus_per_node > 0 else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def sbatch_tasks_per_node(self) -> int:
+        """``--ntasks-per-node``: every rank is a task under srun; torchrun is one task per node."""
+        return 1 if self.launcher == "torchrun" else self.ranks_per_node
+
+    @property
+    def sbatch_cpus_per_task(self) -> int:
+        """``--cpus-per-task``: torchrun's single task holds the cores of all its workers."""
+        if self.launcher == "torchrun":
+            return self.cpus_per_task * self.ranks_per_node
+        return self.cpus_per_task
+
+    @property
+    def time_min(self) -> int:
+        return time_to_minutes(self.time)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A fully resolved job: what ``render`` turns into an sbatch script and every rank runs."""
+
+    name: str = "hpc-train"
+    """Job name (Slurm ``--job-name``) and the run-directory group under ``runs_dir``."""
+    runs_dir: str = "runs"
+    """Where run directories go (``<runs_dir>/<name>/<job id>``); relative to the submit directory.
+    On a cluster it must be on a filesystem every node sees."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)

@@ -1,0 +1,243 @@
+"""The ``train:`` section of a job: what every rank runs (data, model, loss, sampler, optimizer, schedule,
+two-stage methods and the run mechanics). Consumed by ``hpc_train/train/``; torch-free.
+
+The dataclass fields *are* the schema (see :mod:`hpc_train.config.typed`); cross-field checks live in
+:mod:`hpc_train.config.validate`. All train dataclasses stay together in this one module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+DatasetName = Literal["cifar10-lt", "cifar100-lt", "list", "imagefolder", "digits-lt", "synthetic-lt"]
+ModelName = Literal[
+    "resnet32", "small_cnn", "resnet18", "resnet34", "resnet50", "resnet101",
+    "resnext50_32x4d", "resnext101_32x8d",
+]  # fmt: skip
+LossName = Literal["ce", "focal", "ldam", "balanced_softmax", "logit_adjusted"]
+SamplerName = Literal["instance", "class_balanced", "sqrt", "progressive", "class_aware"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Which images, how the long tail is made, and how batches are produced."""
+
+    name: DatasetName = "digits-lt"
+    """Data set: CIFAR-LT from the official python pickles, a list file, an ImageFolder tree,
+    ``digits-lt`` (scikit-learn's bundled real digits) or ``synthetic-lt`` (generated)."""
+    root: str = "data"
+    """Directory holding the data set files: ``cifar-10-batches-py`` / ``cifar-100-python`` for CIFAR,
+    the image root of list files, the ``train/`` and ``test/`` (or ``val/``) folders of ImageFolder."""
+    imbalance_factor: float = 100.0
+    """n_max / n_min of the training set (1 keeps it balanced)."""
+    profile: Literal["exp", "step"] = "exp"
+    """How class sizes fall from head to tail (LDAM-DRW's ``exp`` and ``step``)."""
+    seed: int = 0
+    """Seed of the long-tail subsampling and of the held-out splits (LDAM-DRW uses 0)."""
+    train_list: str | None = None
+    """List-file data sets: ``relative/path label`` per line, paths relative to ``root`` (the list
+    file itself: absolute, or relative to ``root``)."""
+    val_list: str | None = None
+    """List-file held-out split (used to choose τ; never the test list)."""
+    test_list: str | None = None
+    """List-file test split (what the reported accuracies are measured on)."""
+    val_fraction: float = 0.0
+    """Held-out fraction of the training set per class (at least one image per class), for choosing
+    τ. It shrinks the training set, so the published CIFAR-LT counts hold only at 0."""
+    num_classes: int = 10
+    """Classes of ``synthetic-lt`` (the other data sets know their own)."""
+    max_per_class: int = 500
+    """Head-class size of ``synthetic-lt``; cap on the head class of long-tail subsampled ImageFolder sets."""
+    test_per_class: int = 50
+    """Balanced test images per class of ``digits-lt`` (held out from the real digits before the long
+    tail is cut) and of ``synthetic-lt``."""
+    image_size: int = 32
+    """Side of the training crops of on-disk sets (list, ImageFolder: 224 for ImageNet-style data) and of
+    ``synthetic-lt`` images. CIFAR is 32 and digits 8 whatever this says."""
+    random_crop_padding: int | None = None
+    """Random-crop padding of in-memory sets (zero padding, crop back to size). Unset: 4 for 32-pixel
+    sets (the CIFAR recipe), 1 for the 8-pixel digits."""
+    random_flip: bool | None = None
+    """Random horizontal flips. Unset: on, except for ``digits-lt`` (a flipped digit is another glyph)."""
+    num_workers: int = 4
+    """DataLoader workers per rank for on-disk (large) data sets; in-memory sets ignore it."""
+    download: bool = False
+    """Allow downloading CIFAR when the files are missing (never on by default)."""
+    stage_to: str | None = None
+    """Copy a list-file data set's images to this node-local directory before training (e.g. ``/tmp``
+    or ``$TMPDIR``); one rank per node copies, files already there with the same size are kept."""
+    color_jitter: float = 0.4
+    """Brightness, contrast and saturation jitter of on-disk training images (list, ImageFolder):
+    classifier-balancing's ``ColorJitter(0.4, 0.4, 0.4, 0)`` for ImageNet-LT and Places-LT; 0 turns it
+    off. In-memory sets (CIFAR, digits, synthetic) ignore it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The network: a backbone that produces features and a classifier on top."""
+
+    name: ModelName = "small_cnn"
+    """``resnet32`` (CIFAR ResNet, option-A shortcuts), ``small_cnn`` (digits), or a torchvision
+    ResNet/ResNeXt built without pretrained weights."""
+    classifier: Literal["linear", "cosine"] = "linear"
+    """``cosine`` normalises features and weights (LDAM's NormedLinear; the loss applies
+    ``loss.ldam_scale``, so pair it with ``ldam``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    """Training loss and per-class re-weighting."""
+
+    name: LossName = "ce"
+    """``ce``, ``focal``, ``ldam``, ``balanced_softmax`` (logits + log n_c) or ``logit_adjusted``
+    (logits + τ log π_c)."""
+    label_smoothing: float = 0.0
+    """Label smoothing of ``ce`` (the other losses reject it rather than ignore it)."""
+    focal_gamma: float = 1.0
+    """Focusing parameter γ of ``focal`` (LDAM-DRW uses 1)."""
+    ldam_max_margin: float = 0.5
+    """Largest LDAM margin (the rarest class's); margins fall as n_c^-1/4."""
+    ldam_scale: float = 30.0
+    """Logit scale s of LDAM (needed with the cosine classifier, whose logits lie in [-1, 1])."""
+    tau: float = 1.0
+    """Temperature of the logit-adjusted loss (1.0 is the paper's choice)."""
+    reweight: Literal["none", "class_balanced"] = "none"
+    """Per-class loss weights from the start (effective number of samples, ``cb_beta``)."""
+    cb_beta: float = 0.9999
+    """β of the class-balanced weights (1-β)/(1-β^n_c), normalised to sum to the number of classes."""
+    drw_epoch: int | None = None
+    """Deferred re-weighting: class-balanced weights from this epoch index on (LDAM-DRW: 160)."""
+    posthoc_tau: float | None = None
+    """Also evaluate with post-hoc logit adjustment, logits - tau * log(prior) (reported as ``posthoc``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplerConfig:
+    """How training indices are drawn; every sampler is distributed-aware (one global sequence per epoch)."""
+
+    name: SamplerName = "instance"
+    """``instance`` (a permutation), ``class_balanced`` (class uniform, then instance), ``sqrt`` (class
+    ∝ sqrt(n_c)) or ``progressive`` (instance → class-balanced over ``progressive_epochs``)."""
+    progressive_epochs: int | None = None
+    """Progressively balanced: epochs over which sampling moves from instance to class-balanced
+    (default: all epochs of the stage)."""
+    per_class_draw: int = 4
+    """``class_aware``: images taken from a class each time the class comes up (classifier-balancing's
+    ``num_samples_cls``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """Optimizer (weight decay applies to every parameter, as in LDAM-DRW)."""
+
+    name: Literal["sgd", "adamw"] = "sgd"
+    lr: float = 0.1
+    """Learning rate for ``batch_size`` (the global batch)."""
+    momentum: float = 0.9
+    """SGD momentum (AdamW ignores it)."""
+    weight_decay: float = 2e-4
+    nesterov: bool = False
+    scale_lr: bool = False
+    """Linear scaling: lr * batch_size / ``base_batch_size``."""
+    base_batch_size: int = 128
+    """The batch size ``lr`` was tuned for (used by ``scale_lr``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """Learning-rate schedule, a pure function of (epoch, step) so resuming needs no extra state."""
+
+    name: Literal["multistep", "cosine", "constant"] = "multistep"
+    """``multistep``: ×gamma at each milestone; ``cosine``: per-step cosine to 0 after warm-up."""
+    warmup_epochs: int = 0
+    """Linear warm-up per epoch: lr * (epoch + 1) / warmup_epochs for the first epochs (LDAM-DRW: 5)."""
+    milestones: tuple[int, ...] = ()
+    """``multistep``: epoch indices where lr is multiplied by ``gamma`` (cumulatively)."""
+    gamma: float = 0.1
+    """``multistep`` factor per milestone (LDAM-DRW: 0.01 at 160 and again at 180)."""
+    update: Literal["step", "epoch"] = "step"
+    """``cosine``: the lr changes every optimizer step, or once per epoch as classifier-balancing's
+    ``CosineAnnealingLR`` stepped at the start of each epoch (epoch e runs at the rate of e + 1, so
+    the last epoch runs at 0)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoStageConfig:
+    """Decoupled classifier re-training (cRT) and τ-normalisation after the main training."""
+
+    crt_epochs: int = 0
+    """Epochs of classifier re-training with frozen features and class-balanced sampling (0: off)."""
+    crt_lr: float = 0.2
+    """Peak lr of cRT (cosine schedule, no warm-up; scaled like ``optim.lr`` when ``scale_lr``)."""
+    crt_sampler: SamplerName = "class_aware"
+    """Sampler of the cRT epochs (default: classifier-balancing's class-aware sampler, with
+    ``sampler.per_class_draw`` images per draw and floor(N / batch) steps per epoch)."""
+    crt_bn: Literal["reestimate", "frozen"] = "reestimate"
+    """BatchNorm in cRT: ``reestimate`` keeps the frozen backbone in training mode, so its statistics are
+    re-estimated on the class-balanced batches (classifier-balancing); ``frozen`` keeps stage 1's."""
+    crt_lr_update: Literal["step", "epoch"] = "epoch"
+    """When cRT's cosine lr changes (see ``schedule.update``; ``epoch`` is classifier-balancing's)."""
+    tau_norm: bool = False
+    """τ-normalise the classifier weights (w_c / ||w_c||^τ, bias dropped); τ is picked on the held-out
+    split (``data.val_fraction`` or ``data.val_list``) from 0, 0.1, ..., 2, never on test."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """What every rank runs: data, model, loss, sampler, optimizer, schedule and the run mechanics."""
+
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """``auto`` uses CUDA when the job asked for GPUs and fails when CUDA is missing; ``cpu`` forces CPU."""
+    strategy: Literal["ddp", "dp", "none"] = "ddp"
+    """``ddp`` (one process per device); ``dp`` legacy single-process DataParallel over the visible
+    GPUs of one node (kept for old recipes; slower than DDP); ``none`` (one process, one device)."""
+    seed: int = 0
+    """Seed of model initialisation, sampling and augmentation (data subsampling uses ``data.seed``)."""
+    epochs: int = 30
+    """Epochs of the main training (cRT epochs come on top)."""
+    batch_size: int = 128
+    """Global batch (all ranks together); must split evenly across ranks."""
+    eval_batch_size: int = 256
+    """Evaluation batch per rank."""
+    sync_bn: Literal["auto", True, False] = "auto"
+    """Synchronised BatchNorm across ranks (statistics of the whole global batch). ``auto``: on when
+    a rank's batch is below 32 images and more than one rank trains (one log line says so). On at
+    every world size > 1 it makes the weights independent of the world size. CUDA uses PyTorch's
+    SyncBatchNorm, CPUs (gloo) hpc-train's own."""
+    tf32: bool = True
+    """TF32 for float32 matmuls and convolutions on Ampere and newer GPUs (faster, ~1e-3 relative
+    precision). Off: IEEE float32, as the reference implementations ran."""
+    amp: Literal["off", "bf16", "fp16"] = "off"
+    """Mixed precision: ``bf16`` (A100/H100 and newer), ``fp16`` with a gradient scaler (V100/T4), ``off``."""
+    channels_last: bool = False
+    """NHWC memory format for model and inputs (faster convolutions with AMP on tensor cores)."""
+    compile: bool = False
+    """``torch.compile`` the model (the first steps are slow while it compiles)."""
+    cudnn_benchmark: bool = True
+    """Let cuDNN pick the fastest convolution algorithms (ignored when ``deterministic``)."""
+    deterministic: bool = False
+    """Deterministic kernels (slower); resume tests use it on CPU."""
+    num_threads: int | None = None
+    """CPU threads per rank (intra-op). Unset: ``$OMP_NUM_THREADS``, else the usable cores divided by
+    the ranks on this node."""
+    eval_every_epochs: int = 1
+    """Evaluate on the test split every this many epochs (and always after the last one)."""
+    checkpoint_every_epochs: int = 1
+    """Checkpoint every this many epochs (and always at the end and on preemption)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept in the run directory (older ones are deleted after a successful save)."""
+    log_every_steps: int = 50
+    """Progress line (epoch, step, loss, lr, images/s, ETA) every this many steps, from rank 0."""
+    preempt_check_every_steps: int = 10
+    """How often ranks agree (one all-reduce) on whether a preemption signal arrived; also at every
+    epoch end. Small against the signal's lead time (``slurm.signal_delay_s``)."""
+    process_group_timeout_s: int = 600
+    """A dead or stuck rank ends the job after this long instead of blocking to the time limit."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    two_stage: TwoStageConfig = field(default_factory=TwoStageConfig)

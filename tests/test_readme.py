@@ -1,0 +1,75 @@
+"""Every `hpc-train` command the README shows runs, and exits 0: the commands of its code blocks, and the
+complete ones quoted in its prose (not syntax lines such as `hpc-train logs RUN [-f]`). Where a command
+would submit, it runs with --dry-run; Slurm is a stand-in on PATH (tests/conftest.py: StubSlurm), and the
+run that `status`, `logs` and `cancel` name is submitted to it first."""
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+PLACEHOLDER = re.compile(r"\[|\b(?:JOB|RUN|INVENTORY|HOSTS|TAGS|KEY|VALUE|DIR|FILE|N|R)\b")
+
+
+def readme_commands() -> list[str]:
+    commands = []
+    in_fence = False
+    for line in README.splitlines():
+        if line.startswith("```"):
+            in_fence = not in_fence
+            continue
+        text = line.strip()
+        if (line.startswith("    ") or in_fence) and text.startswith("hpc-train "):
+            commands.append(text)
+    for quoted in re.findall(r"`(hpc-train [^`]+)`", README):
+        if not PLACEHOLDER.search(quoted):
+            commands.append(quoted)
+    return list(dict.fromkeys(commands))
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_has_commands():
+    assert len(COMMANDS) >= 25, COMMANDS
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory, stub_slurm_module):
+    """A directory like a clone's (jobs/ beside it), a site template dir, an inventory, a sweep file, an
+    ansible-playbook stand-in, and the run the README's status/logs/cancel lines name."""
+    work = tmp_path_factory.mktemp("readme")
+    (work / "jobs").symlink_to(ROOT / "jobs")
+    shutil.copytree(ROOT / "ansible" / "inventories" / "example", work / "inventories" / "prod")
+    (work / "sweep.yaml").write_text("train.seed: [0, 1]\n")
+    (stub_slurm_module.bin / "ansible-playbook").write_text("#!/bin/sh\nexit 0\n")
+    (stub_slurm_module.bin / "ansible-playbook").chmod(0o755)
+    env = stub_slurm_module.env(HOME=str(work), HPC_TRAIN_STATE_DIR=str(work / ".state"))
+    submitted = run(["hpc-train", "submit", "--nodes", "4", "--gpus", "8", "cifar100_lt_bs"], work, env)
+    assert submitted.returncode == 0, submitted.stderr
+    # It has run and ended: squeue no longer knows it, sacct does.
+    stub_slurm_module.answer("squeue", stderr="slurm_load_jobs error: Invalid job id specified\n", rc=1)
+    stub_slurm_module.answer("sacct", "4242|COMPLETED|0:0|00:10:00|gpu[01-04]|None\n")
+    return work, env
+
+
+def run(argv, cwd, env):
+    return subprocess.run([sys.executable, "-m", "hpc_train.cli", *argv[1:]], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command_runs(command, place):
+    work, env = place
+    argv = shlex.split(command.replace("/etc/hpc-train/templates", str(work / "site-templates")), comments=True)
+    if argv[1] == "submit" and "--dry-run" not in argv:
+        argv.append("--dry-run")
+    result = run(argv, work, env)
+    assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr}"
+    assert "Traceback" not in result.stdout + result.stderr

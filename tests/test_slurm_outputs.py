@@ -1,0 +1,141 @@
+"""Slurm's output, parsed: squeue and sacct lines, the first failing rank in a batch log, a failing tool's
+own message, and the log files of a run (array tasks included). The texts in tests/slurm_outputs/ were
+recorded from the Slurm 22.05 test cluster (see its README); no Slurm and no root are needed here: the
+tools are stand-ins on PATH that print those texts, as submitit's tests fake sbatch/sacct."""
+
+from pathlib import Path
+
+import pytest
+
+from hpc_train import slurm
+from hpc_train.errors import SubmitError
+from hpc_train.run_index import Run
+from hpc_train.run_status import first_failure, log_files
+
+OUT = Path(__file__).parent / "slurm_outputs"
+
+
+def text(name):
+    return (OUT / name).read_text()
+
+
+@pytest.mark.parametrize("job_id,state,reason,nodes", [
+    ("38", "RUNNING", "", "gpu01"),
+    ("39_0", "RUNNING", "", "gpu01"),
+    ("39_2", "PENDING", "JobArrayTaskLimit", ""),  # inside the pending range 39_[1-3%1]
+    ("39_3", "PENDING", "JobArrayTaskLimit", ""),
+])
+def test_squeue_lines(job_id, state, reason, nodes):
+    found = slurm.parse_squeue(text("squeue-mixed.txt"), job_id)
+    assert (found.state, found.reason, found.nodes, found.source) == (state, reason, nodes, "squeue")
+
+
+@pytest.mark.parametrize("job_id", ["36", "39_4", "39", "3"])
+def test_squeue_knows_only_queued_jobs(job_id):
+    assert slurm.parse_squeue(text("squeue-mixed.txt"), job_id) is None
+
+
+def test_squeue_of_one_pending_array_task():
+    assert slurm.parse_squeue(text("squeue-array-pending-task.txt"), "39_2").state == "PENDING"
+
+
+@pytest.mark.parametrize("job_id,state,exit_code,nodes", [
+    ("36", "COMPLETED", "0:0", "gpu01"),
+    ("37", "FAILED", "15:0", "gpu[01-02]"),
+    ("38", "CANCELLED", "0:0", "gpu01"),  # "CANCELLED by 0"
+    ("39_0", "CANCELLED", "0:0", "gpu01"),
+])
+def test_sacct_lines(job_id, state, exit_code, nodes):
+    found = slurm.parse_sacct(text("sacct-mixed.txt"), job_id)
+    assert (found.state, found.exit_code, found.nodes, found.source) == (state, exit_code, nodes, "sacct")
+    assert not found.active
+
+
+def test_a_timed_out_job_is_failed_with_the_reason_slurm_gives():
+    from hpc_train import rundir
+    from hpc_train.run_status import reconcile
+
+    found = slurm.parse_sacct(text("sacct-timeout.txt"), "41")
+    assert (found.state, found.exit_code) == ("TIMEOUT", "0:0")
+    assert reconcile(rundir.RunState(state="running"), found) == ("failed", "time limit reached (Slurm: TIMEOUT 0:0)")
+
+
+def test_first_failing_rank_is_named_not_the_ranks_killed_after_it():
+    assert slurm.first_failure(text("batch-log-rank-3-failed.txt")) == "rank 3 on gpu02: Exited with exit code 7"
+    # The local launcher writes the same line for local runs.
+    assert slurm.first_failure("12:00:01 hpc-train: error: vm: task 1: Exited with exit code 2\n") == \
+        "rank 1 on vm: Exited with exit code 2"
+    assert slurm.first_failure("srun: error: gpu01: tasks 0-1: Terminated\n") is None
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """Stand-in squeue/sacct on PATH: each prints a recorded text and exits with a recorded code."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+    def tool(name, stdout="", stderr="", code=0):
+        (bin_dir / name).write_text(f"#!/bin/sh\n/bin/cat {OUT / stdout if stdout else '/dev/null'}\n"
+                                    f"/bin/cat {OUT / stderr if stderr else '/dev/null'} >&2\nexit {code}\n")
+        (bin_dir / name).chmod(0o755)
+    return tool
+
+
+def test_job_state_asks_squeue_then_sacct(stand_in):
+    stand_in("squeue", stdout="squeue-mixed.txt")
+    stand_in("sacct", stdout="sacct-mixed.txt")
+    assert slurm.job_state("38").state == "RUNNING"
+    assert (slurm.job_state("37").state, slurm.job_state("37").source) == ("FAILED", "sacct")
+
+
+def test_a_finished_job_is_an_invalid_id_to_squeue_and_found_in_sacct(stand_in):
+    stand_in("squeue", stderr="squeue-invalid-job-id.stderr", code=1)
+    stand_in("sacct", stdout="sacct-mixed.txt")
+    assert slurm.job_state("36").state == "COMPLETED"
+
+
+def test_a_failing_squeue_says_its_own_error(stand_in):
+    stand_in("squeue", stderr="squeue-controller-down.stderr", code=1)
+    stand_in("sacct", stdout="sacct-mixed.txt")
+    with pytest.raises(SubmitError, match=r"^squeue failed: slurm_load_jobs error: Unable to contact slurm "
+                                          r"controller \(connect failure\)$"):
+        slurm.job_state("36")
+
+
+def test_a_failing_sacct_says_its_own_error(stand_in):
+    stand_in("squeue", stderr="squeue-invalid-job-id.stderr", code=1)
+    stand_in("sacct", stderr="sacct-accounting-disabled.stderr", code=1)
+    found = slurm.job_state("36")
+    assert (found.state, found.reason) == ("UNKNOWN", "not in squeue; sacct: Slurm accounting storage is disabled")
+
+
+def test_missing_tools_are_named(stand_in):
+    stand_in("sbatch")
+    stand_in("squeue")
+    assert slurm.missing_tools() == ["srun", "scancel"]
+
+
+def test_log_files_of_an_array_task_in_submitit_form(tmp_path):
+    folder = tmp_path / "runs" / "sweep" / ".submitit"
+    logs = {"batch": str(folder / "39_1_0_log.err"), "rank_out": str(folder / "39_1_{rank}_log.out"),
+            "rank_err": str(folder / "39_1_{rank}_log.err")}
+    run = Run(tmp_path / "runs" / "sweep" / "39_1", {"job_id": "39_1", "world_size": 2, "logs": logs})
+    assert [(label, p.name) for label, p in log_files(run)] == [
+        ("batch", "39_1_0_log.err"), ("rank 0", "39_1_0_log.out"), ("rank 1", "39_1_1_log.err"),
+        ("rank 1", "39_1_1_log.out")]
+    assert [p.name for _, p in log_files(run, rank=1)] == ["39_1_1_log.err", "39_1_1_log.out"]
+    folder.mkdir(parents=True)
+    (folder / "39_1_0_log.out").write_text(text("batch-log-rank-3-failed.txt"))  # the .err's .out twin
+    assert first_failure(run) == "rank 3 on gpu02: Exited with exit code 7"
+
+
+def test_log_files_of_a_plain_sbatch_run(tmp_path):
+    run_dir = tmp_path / "plain" / "4242"
+    (run_dir / "logs").mkdir(parents=True)
+    for name in ("batch.log", "rank-0.log", "rank-2.log", "rank-10.log", "rank-x.log"):
+        (run_dir / "logs" / name).write_text("")
+    run = Run(run_dir, {"job_id": "4242", "logs": {"batch": str(run_dir / "logs/batch.log"),
+                                                    "rank_out": str(run_dir / "logs/rank-{rank}.log")}})
+    assert [(label, p.name) for label, p in log_files(run)] == [
+        ("batch", "batch.log"), ("rank 0", "rank-0.log"), ("rank 2", "rank-2.log"), ("rank 10", "rank-10.log")]
