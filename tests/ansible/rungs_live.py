@@ -43,14 +43,16 @@ def live_change(ladder, venv: Path) -> None:
                                                               "fabric": ["Completed", "Success"]})
     slurm_state = lib.WORK / "live-slurm.json"
 
-    def play(label: str, slurm: dict, *extra: str, kernel: str = IMAGE_KERNEL) -> tuple[subprocess.CompletedProcess, list[dict], dict]:
+    # Scenarios about the driver alone skip preflight (tags driver); those that check the GPU count, or a kernel
+    # update (preflight's dry run past the old lock), run it.
+    def play(label: str, slurm: dict, *extra: str, kernel: str = IMAGE_KERNEL, tags: str = "driver") -> tuple[subprocess.CompletedProcess, list[dict], dict]:
         lib.write_state(slurm_state, {"calls": [], "jobs": [], "polls_until_done": 0, **slurm,
                                       "machine": {"root": str(root), "kernel": kernel, "loaded_version_file": str(loaded)}})
         record = lib.WORK / f"live-{label}.jsonl"
         env = lib.with_stand_ins(lib.ansible_env(venv, record, HPC_TRAIN_FAKE_SLURM=str(slurm_state), HPC_TRAIN_FAKE_GPU=str(gpu_state)),
                                  "fake_slurm", "fake_gpu")
         result = lib.run([str(venv / "bin" / "ansible-playbook"), "-i", str(lib.EXAMPLE), "-i", str(lib.HERE / "inventories" / "converge" / "hosts.yml"),
-                          "--limit", "el9-image", "--tags", "preflight,driver", "-e", f"fixtures_dir={lib.HERE / 'fixtures'}",
+                          "--limit", "el9-image", "--tags", tags, "-e", f"fixtures_dir={lib.HERE / 'fixtures'}",
                           "-e", f"fake_repos={repos}", "-e", f"gpu_stack_sysroot={root}", "-e", f"gpu_stack_dnf_conf_file={node['conf']}",
                           "-e", "gpu_stack_releasever=9", "-e", "gpu_stack_manage_services=false",
                           "-e", f"gpu_preflight_pci_devices_path={machine}/sys/bus/pci/devices",
@@ -111,7 +113,7 @@ def live_change(ladder, venv: Path) -> None:
     # 3. A rerun with a reboot allowed (through Slurm, as a node-local run can): it reboots although this run changes
     #    no package, the node comes back with the driver loaded, which is checked before the node is resumed.
     result, records, slurm = play("3-rerun-reboots", {"node": slurm["node"]}, "-e", "gpu_stack_driver_flavor=open",
-                                  "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
+                                  "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm", tags="preflight,driver")
     reboots = [c for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "reboot"]]
     ladder.check("live/rerun with a reboot allowed: Slurm reboots the node once (scontrol reboot ASAP nextstate=DOWN)",
                  result.returncode == 0 and [c["argv"] for c in reboots]
@@ -153,7 +155,8 @@ def live_change(ladder, venv: Path) -> None:
     rollback_pins = ["-e", "gpu_stack_driver_branch=550", "-e", "gpu_stack_driver_version=", "-e", "gpu_stack_driver_flavor=open",
                      "-e", "gpu_stack_cuda_version=12.4", "-e", "gpu_stack_torch_cuda_tag=cu124", "-e", "gpu_stack_slurm_node_name=gpu-a01"]
     result, records, slurm = play("6-rollback-to-550", {"node": {**renamed, "state": "MIXED"}, "jobs": ["77"], "polls_until_done": 1},
-                                  *rollback_pins, "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
+                                  *rollback_pins, "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm",
+                                  tags="preflight,driver")
     packages = lib.rpm_packages(root)
     driver_packages = sorted(p for p in packages if p.startswith(("nvidia-", "kmod-nvidia")) and "container" not in p)
     ladder.check("live/rollback 570 -> 550: every driver package is 550 now, no 570 package left (dnf module switch-to)",
@@ -176,7 +179,8 @@ def live_change(ladder, venv: Path) -> None:
     lib.rpm_install(root, sorted((repos / "baseos").glob(f"kernel-core-{NEWER_KERNEL}.rpm")))
     lib.set_running_kernel(root, NEWER_KERNEL)
     loaded.unlink()
-    result, records, slurm = play("7-after-a-kernel-update", {"node": {**renamed, "state": "IDLE"}}, *rollback_pins, kernel=NEWER_KERNEL)
+    result, records, slurm = play("7-after-a-kernel-update", {"node": {**renamed, "state": "IDLE"}}, *rollback_pins, kernel=NEWER_KERNEL,
+                                  tags="preflight,driver")
     lock = lib.lock_block(root)
     ladder.check("live/after a kernel update: kernel-devel for the new kernel installed despite the old lock, lock moved to it",
                  result.returncode == 0 and f"kernel-devel-{fake_repos.NEWER_KERNEL}" in lib.rpm_packages(root)

@@ -110,7 +110,8 @@ def converge(ladder, venv: Path) -> None:
                      os.readlink(link) if link.is_symlink() else "not a symlink")
 
     before = lib.rpm_packages(root)
-    result, records = converge_run(venv, image, repos, "3-flavour-switch-refused", "-e", "gpu_stack_driver_flavor=proprietary")
+    result, records = converge_run(venv, image, repos, "3-flavour-switch-refused", "--tags", "preflight,driver",
+                                   "-e", "gpu_stack_driver_flavor=proprietary")
     failure = lib.first_failure(records, "el9-image") or {}
     wanted_msg = (f"nvidia_driver: el9-image has driver {old} (open); the inventory asks for {old} (proprietary). A driver change is "
                   "refused unless you pass -e nvidia_driver_allow_change=true: the node is then drained in Slurm and its jobs waited "
@@ -121,8 +122,10 @@ def converge(ladder, venv: Path) -> None:
                  lib.rpm_packages(root) == before and lib.module_stream(root) == "570-open" and lib.lock_block(root) == lock)
 
     # The fallback for dnf without `module switch-to` (reset, enable, distro-sync), forced here; the live rung's
-    # rollback takes the switch-to path.
-    result, records = converge_run(venv, image, repos, "4-flavour-switch-allowed", "-e", "gpu_stack_driver_flavor=proprietary",
+    # rollback takes the switch-to path. Only the driver changes, so only preflight and the driver run (the full
+    # playbook's idempotence is run 2's).
+    result, records = converge_run(venv, image, repos, "4-flavour-switch-allowed", "--tags", "preflight,driver",
+                                   "-e", "gpu_stack_driver_flavor=proprietary",
                                    "-e", "nvidia_driver_allow_change=true", "-e", "nvidia_driver_stream_switch=distro-sync")
     packages = lib.rpm_packages(root)
     ladder.check("change/allowed flavour switch (reset, enable, distro-sync) succeeds", result.returncode == 0, lib.tail(result.stdout, 25))
@@ -136,15 +139,15 @@ def converge(ladder, venv: Path) -> None:
     new_lock = lib.lock_block(root)
     ladder.check("change/the lock follows the new kernel module",
                  f"kmod-nvidia-latest-dkms-3:{driver}.*" in new_lock and not any("open-dkms" in e for e in new_lock), new_lock)
-    result, records = converge_run(venv, image, repos, "5-after-switch", "-e", "gpu_stack_driver_flavor=proprietary",
-                                   "-e", "nvidia_driver_allow_change=true")
+    result, records = converge_run(venv, image, repos, "5-after-switch", "--tags", "preflight,driver",
+                                   "-e", "gpu_stack_driver_flavor=proprietary", "-e", "nvidia_driver_allow_change=true")
     ladder.check("change/rerun after the switch changes nothing", result.returncode == 0 and lib.counts(records)[0] == 0,
                  "changed: " + ", ".join(r["task"] for r in records if r["changed"]))
 
 
 def missing_branch(ladder, venv: Path) -> None:
     """Refusals on a fresh image root (independent of the converge rung): nothing may be installed."""
-    repos = lib.ensure_repos("repos-c")
+    repos = lib.ensure_repos("repos")
     fresh = lib.make_image_root("image-fresh", repos)
     result, records = converge_run(venv, fresh, repos, "missing-kernel-devel", "-e", f"image_build_kernel_version={MISSING_KERNEL}")
     failure = lib.first_failure(records, "el9-image") or {}
