@@ -63,8 +63,18 @@ def with_stand_ins(env: dict[str, str], *kinds: str) -> dict[str, str]:
     return env
 
 
+# The pipelines off the critical path (ladder.py) run their commands niced, so the longest one gets the CPU first.
+_pipeline = threading.local()
+
+
+def set_niceness(niceness: int) -> None:
+    _pipeline.niceness = niceness
+
+
 def run(argv: list[str], env: dict[str, str], log: Path, cwd: Path = HERE) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+    niceness = getattr(_pipeline, "niceness", 0)
+    command = ["nice", "-n", str(niceness), *argv] if niceness else argv
+    result = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"$ {' '.join(argv)}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}\n")
     return result

@@ -1,4 +1,4 @@
-"""The live_change rung: the driver lifecycle on a running node. gpu_nodes.yml --tags preflight,driver in live-node
+"""The live_change rung: the driver lifecycle on a running node. gpu_nodes.yml --tags driver in live-node
 mode against a copy of the converged image root, with the Slurm CLI (fake_slurm/) and nvidia-smi (fake_gpu/) as
 recording stand-ins, and the "running kernel" and "loaded driver" as files the stand-ins read and, on a reboot, write.
 
@@ -43,8 +43,8 @@ def live_change(ladder, venv: Path) -> None:
                                                               "fabric": ["Completed", "Success"]})
     slurm_state = lib.WORK / "live-slurm.json"
 
-    # Scenarios about the driver alone skip preflight (tags driver); those that check the GPU count, or a kernel
-    # update (preflight's dry run past the old lock), run it.
+    # Scenarios run only the driver role (preflight's checks are the check rung's), with the GPU count preflight would
+    # find (8 on the fixture's PCI bus); the kernel update also runs preflight (its dry run past the old lock).
     def play(label: str, slurm: dict, *extra: str, kernel: str = IMAGE_KERNEL, tags: str = "driver") -> tuple[subprocess.CompletedProcess, list[dict], dict]:
         lib.write_state(slurm_state, {"calls": [], "jobs": [], "polls_until_done": 0, **slurm,
                                       "machine": {"root": str(root), "kernel": kernel, "loaded_version_file": str(loaded)}})
@@ -59,7 +59,7 @@ def live_change(ladder, venv: Path) -> None:
                           "-e", f"gpu_preflight_efivars_path={machine}/sys/firmware/efi/efivars",
                           "-e", f"nvidia_driver_loaded_version_file={loaded}",
                           "-e", f"gpu_preflight_kernel_version={kernel}", "-e", f"nvidia_driver_kernel_version={kernel}",
-                          "-e", "nvidia_driver_allow_change=true", "-e", "nvidia_driver_drain_poll_s=1",
+                          "-e", "nvidia_driver_allow_change=true", "-e", "nvidia_driver_drain_poll_s=1", "-e", "nvidia_driver_expected_gpus=8",
                           "-e", '{"gpu_nodes_rollout_batches": ["100%"]}', *extra, "live_change.yml"],
                          env, lib.WORK / "logs" / f"live-{label}.log")
         return result, lib.read_records(record), json.loads(slurm_state.read_text())
@@ -113,7 +113,7 @@ def live_change(ladder, venv: Path) -> None:
     # 3. A rerun with a reboot allowed (through Slurm, as a node-local run can): it reboots although this run changes
     #    no package, the node comes back with the driver loaded, which is checked before the node is resumed.
     result, records, slurm = play("3-rerun-reboots", {"node": slurm["node"]}, "-e", "gpu_stack_driver_flavor=open",
-                                  "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm", tags="preflight,driver")
+                                  "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
     reboots = [c for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "reboot"]]
     ladder.check("live/rerun with a reboot allowed: Slurm reboots the node once (scontrol reboot ASAP nextstate=DOWN)",
                  result.returncode == 0 and [c["argv"] for c in reboots]
@@ -155,8 +155,7 @@ def live_change(ladder, venv: Path) -> None:
     rollback_pins = ["-e", "gpu_stack_driver_branch=550", "-e", "gpu_stack_driver_version=", "-e", "gpu_stack_driver_flavor=open",
                      "-e", "gpu_stack_cuda_version=12.4", "-e", "gpu_stack_torch_cuda_tag=cu124", "-e", "gpu_stack_slurm_node_name=gpu-a01"]
     result, records, slurm = play("6-rollback-to-550", {"node": {**renamed, "state": "MIXED"}, "jobs": ["77"], "polls_until_done": 1},
-                                  *rollback_pins, "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm",
-                                  tags="preflight,driver")
+                                  *rollback_pins, "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
     packages = lib.rpm_packages(root)
     driver_packages = sorted(p for p in packages if p.startswith(("nvidia-", "kmod-nvidia")) and "container" not in p)
     ladder.check("live/rollback 570 -> 550: every driver package is 550 now, no 570 package left (dnf module switch-to)",

@@ -53,7 +53,7 @@ def gpu_validate(ladder, venv: Path) -> None:
                           "-e", f"node_dir={node_dir}", "validate_node.yml"], env, lib.WORK / "logs" / f"gpu-validate-{label}.log")
         return result, lib.read_records(record)
 
-    result, records = play("1-dkms-build-failed", driver=None)
+    result, records = play("1-dkms-build-failed", driver=None, tags="validate")
     failure = lib.first_failure(records, "validate-node") or {}
     ladder.check("gpu_validate/driver not loaded after a failed DKMS build: reported, not taken for a pending reboot",
                  failure.get("msg", "").startswith(f"gpu_validate: the NVIDIA driver is not loaded on validate-node, and no nvidia module of "

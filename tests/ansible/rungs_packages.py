@@ -110,7 +110,7 @@ def converge(ladder, venv: Path) -> None:
                      os.readlink(link) if link.is_symlink() else "not a symlink")
 
     before = lib.rpm_packages(root)
-    result, records = converge_run(venv, image, repos, "3-flavour-switch-refused", "--tags", "preflight,driver",
+    result, records = converge_run(venv, image, repos, "3-flavour-switch-refused", "--tags", "driver",
                                    "-e", "gpu_stack_driver_flavor=proprietary")
     failure = lib.first_failure(records, "el9-image") or {}
     wanted_msg = (f"nvidia_driver: el9-image has driver {old} (open); the inventory asks for {old} (proprietary). A driver change is "
@@ -122,9 +122,9 @@ def converge(ladder, venv: Path) -> None:
                  lib.rpm_packages(root) == before and lib.module_stream(root) == "570-open" and lib.lock_block(root) == lock)
 
     # The fallback for dnf without `module switch-to` (reset, enable, distro-sync), forced here; the live rung's
-    # rollback takes the switch-to path. Only the driver changes, so only preflight and the driver run (the full
-    # playbook's idempotence is run 2's).
-    result, records = converge_run(venv, image, repos, "4-flavour-switch-allowed", "--tags", "preflight,driver",
+    # rollback takes the switch-to path. Only the driver changes, so only the driver role runs (the full playbook's
+    # idempotence is run 2's, preflight's refusals are the check and missing_branch rungs').
+    result, records = converge_run(venv, image, repos, "4-flavour-switch-allowed", "--tags", "driver",
                                    "-e", "gpu_stack_driver_flavor=proprietary",
                                    "-e", "nvidia_driver_allow_change=true", "-e", "nvidia_driver_stream_switch=distro-sync")
     packages = lib.rpm_packages(root)
@@ -139,7 +139,7 @@ def converge(ladder, venv: Path) -> None:
     new_lock = lib.lock_block(root)
     ladder.check("change/the lock follows the new kernel module",
                  f"kmod-nvidia-latest-dkms-3:{driver}.*" in new_lock and not any("open-dkms" in e for e in new_lock), new_lock)
-    result, records = converge_run(venv, image, repos, "5-after-switch", "--tags", "preflight,driver",
+    result, records = converge_run(venv, image, repos, "5-after-switch", "--tags", "driver",
                                    "-e", "gpu_stack_driver_flavor=proprietary", "-e", "nvidia_driver_allow_change=true")
     ladder.check("change/rerun after the switch changes nothing", result.returncode == 0 and lib.counts(records)[0] == 0,
                  "changed: " + ", ".join(r["task"] for r in records if r["changed"]))
