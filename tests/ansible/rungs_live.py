@@ -150,10 +150,26 @@ def live_change(ladder, venv: Path) -> None:
                  lib.rpm_packages(root) == before and lib.module_stream(root) == stream and lib.lock_block(root) == lock
                  and updates(slurm) == [], f"updates={updates(slurm)}")
 
-    # 6. Roll back to an older branch (570 -> 550) on a node whose NodeName is mapped, with a job to wait for.
-    #    CUDA 12.4 here keeps this about the rollback (550 is built for it; preflight's table is checked in check mode).
+    # 5b. The same node marked as not in Slurm yet: the change goes ahead, Slurm is left alone.
+    result, records, slurm = play("5b-new-node", {"node": renamed}, "-e", "gpu_stack_driver_flavor=open",
+                                  "-e", "nvidia_driver_slurm_new_node=true")
+    ladder.check("live/a node marked new (nvidia_driver_slurm_new_node): changed without any Slurm update",
+                 result.returncode == 0 and f"kmod-nvidia-open-dkms-{driver}" in lib.rpm_packages(root) and updates(slurm) == [],
+                 f"rc={result.returncode} updates={updates(slurm)}\n{lib.tail(result.stdout, 12)}")
+
+    # 6. Roll back to an older branch (570 -> 550) on a node whose NodeName is mapped, with a job to wait for; first in
+    #    check mode, which must change nothing. CUDA 12.4 here keeps this about the rollback (550 is built for it;
+    #    preflight's table is checked in check mode).
     rollback_pins = ["-e", "gpu_stack_driver_branch=550", "-e", "gpu_stack_driver_version=", "-e", "gpu_stack_driver_flavor=open",
                      "-e", "gpu_stack_cuda_version=12.4", "-e", "gpu_stack_torch_cuda_tag=cu124", "-e", "gpu_stack_slurm_node_name=gpu-a01"]
+    before, stream, lock, modules = lib.rpm_packages(root), lib.module_stream(root), lib.lock_block(root), lib.built_modules(root, IMAGE_KERNEL)
+    result, records, slurm = play("6a-rollback-check-mode", {"node": {**renamed, "state": "MIXED"}, "jobs": ["77"], "polls_until_done": 1},
+                                  *rollback_pins, "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm", "--check")
+    ladder.check("live/rollback in check mode: runs, changes no package, stream, lock, module or Slurm state",
+                 result.returncode == 0 and lib.rpm_packages(root) == before and lib.module_stream(root) == stream
+                 and lib.lock_block(root) == lock and lib.built_modules(root, IMAGE_KERNEL) == modules and updates(slurm) == []
+                 and not any(c["argv"][:2] == ["scontrol", "reboot"] for c in slurm["calls"]),
+                 f"rc={result.returncode} updates={updates(slurm)}\n{lib.tail(result.stdout, 12)}")
     result, records, slurm = play("6-rollback-to-550", {"node": {**renamed, "state": "MIXED"}, "jobs": ["77"], "polls_until_done": 1},
                                   *rollback_pins, "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
     packages = lib.rpm_packages(root)
