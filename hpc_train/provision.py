@@ -1,4 +1,4 @@
-"""``hpc-train provision``: run the project's Ansible playbooks with the project's ansible.cfg.
+"""``hpc-train provision``: run the project's Ansible playbooks (with the project's ansible.cfg unless the site has one).
 
 The playbooks and roles live in ``ansible/`` (``hpc_train/_data/ansible`` in an installed wheel, see
 :mod:`hpc_train.resources`). ansible-core is an optional extra (``pip install 'hpc-train[ansible]'``,
@@ -49,8 +49,13 @@ def build_command(
     ansible_playbook: Path | None = None,
     directory: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The ansible-playbook argv and environment for one run; raises ProvisionError on bad input."""
+    """The ansible-playbook argv and environment for one run; raises ProvisionError on bad input.
+
+    ANSIBLE_CONFIG points at the project's ansible.cfg unless the site chose its own: ANSIBLE_CONFIG already set, or
+    an ansible.cfg in the current directory (``cwd``), the first two places Ansible itself looks.
+    """
     directory = directory or ansible_dir()
     config = directory / "ansible.cfg"
     if not config.is_file():
@@ -72,8 +77,12 @@ def build_command(
         argv += ["--tags", tags]
     argv += list(extra_args)
     env = dict(os.environ if environ is None else environ)
-    # The project's ansible.cfg, whatever ansible.cfg the current directory or ~ may hold.
-    env["ANSIBLE_CONFIG"] = str(config)
+    # ~/.ansible.cfg and /etc/ansible/ansible.cfg are personal or system defaults, not a site's choice for these
+    # playbooks, so they do not count. The playbooks set become themselves and find their roles next to them, so
+    # they also work with a site's ansible.cfg.
+    site_config = Path.cwd() if cwd is None else cwd
+    if not env.get("ANSIBLE_CONFIG") and not (site_config / "ansible.cfg").is_file():
+        env["ANSIBLE_CONFIG"] = str(config)
     return argv, env
 
 

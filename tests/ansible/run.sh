@@ -10,7 +10,8 @@ CACHE=$HERE/.cache
 CORE_216=ansible-core==2.16.19
 CORE_CURRENT=ansible-core==2.19.14
 LINT=ansible-lint==26.10.1
-APT_PACKAGES="rpm createrepo-c dnf python3-dnf dnf-plugins-core python3-venv"
+# busybox-static: the shell rpm runs scriptlets with inside the fake EL roots; kmod: the real modinfo.
+APT_PACKAGES="rpm createrepo-c dnf python3-dnf dnf-plugins-core python3-venv busybox-static kmod"
 mkdir -p "$CACHE"
 start=$(date +%s)
 
@@ -22,16 +23,18 @@ fail_setup() {  # the ladder could not even start: report it in the ladder's own
 
 phase_start=$(date +%s)
 missing=""
-for tool in rpm rpmbuild createrepo_c modifyrepo_c dnf; do
+for tool in rpm rpmbuild createrepo_c modifyrepo_c dnf modinfo chroot; do
     command -v "$tool" >/dev/null || missing="$missing $tool"
 done
+# A static busybox (Debian's dynamic one would need a libc inside the fake roots).
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" || missing="$missing busybox-static"
 [ -f /usr/lib/python3/dist-packages/dnf-plugins/versionlock.py ] || missing="$missing versionlock-plugin"
 python3 -c "import ensurepip, venv" 2>/dev/null || missing="$missing python3-venv"
 if [ -n "$missing" ]; then
     echo "--- setup: installing Debian packages ($APT_PACKAGES) for:$missing"
     export DEBIAN_FRONTEND=noninteractive
     { apt-get update -qq && apt-get install -y -qq --no-install-recommends $APT_PACKAGES >/dev/null; } \
-        || fail_setup "apt-get install $APT_PACKAGES failed (needed for the fake EL repositories and the dnf converge)"
+        || fail_setup "apt-get install $APT_PACKAGES failed (needed for the fake EL repositories, their scriptlets and the dnf converge)"
 fi
 # dnf's Python bindings must be importable by the interpreter Ansible's dnf module respawns into.
 /usr/bin/python3 -c "import dnf, hawkey" 2>/dev/null || fail_setup "python3-dnf is not importable by /usr/bin/python3"

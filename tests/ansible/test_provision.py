@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
@@ -24,11 +25,37 @@ def test_ansible_dir_is_the_source_tree_ansible() -> None:
 def test_command_uses_the_project_config_and_passes_options_through(tmp_path: Path) -> None:
     argv, env = prov.build_command(EXAMPLE, check=True, limit="gpu01", tags="driver,cuda", playbook="gpu_nodes.yml",
                                    extra_args=["-e", "nvidia_driver_allow_change=true"], ansible_playbook=Path("/x/ansible-playbook"),
-                                   environ={"ANSIBLE_CONFIG": str(tmp_path / "elsewhere.cfg"), "KEEP": "1"})
+                                   environ={"KEEP": "1"}, cwd=tmp_path)
     assert argv == ["/x/ansible-playbook", "-i", str(EXAMPLE), str(REPO / "ansible" / "gpu_nodes.yml"), "--check", "--diff",
                     "--limit", "gpu01", "--tags", "driver,cuda", "-e", "nvidia_driver_allow_change=true"]
     assert env["ANSIBLE_CONFIG"] == str(REPO / "ansible" / "ansible.cfg")
     assert env["KEEP"] == "1"
+
+
+def test_a_sites_own_ansible_config_is_respected(tmp_path: Path) -> None:
+    """ANSIBLE_CONFIG set by the site, or an ansible.cfg in the current directory, wins over the project's."""
+    _, env = prov.build_command(EXAMPLE, ansible_playbook=Path("/x/ansible-playbook"),
+                                environ={"ANSIBLE_CONFIG": str(tmp_path / "site.cfg")}, cwd=tmp_path)
+    assert env["ANSIBLE_CONFIG"] == str(tmp_path / "site.cfg")
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nforks = 50\n")
+    _, env = prov.build_command(EXAMPLE, ansible_playbook=Path("/x/ansible-playbook"), environ={}, cwd=tmp_path)
+    assert "ANSIBLE_CONFIG" not in env
+
+
+def test_the_playbooks_work_with_a_sites_config_without_become(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capfd: pytest.CaptureFixture[str]) -> None:
+    """A site ansible.cfg has no roles_path or become: the plays find their roles and become root themselves."""
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nforks = 5\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
+    code = prov.provision(EXAMPLE, playbook="site.yml", limit="gpu01", extra_args=["--list-tasks"])
+    out = capfd.readouterr().out
+    assert code == 0, out
+    assert "nvidia_driver : " in out and "gpu_preflight : " in out
+    plays = [play for name in ("gpu_nodes.yml", "validate.yml", "image_build.yml")
+             for play in yaml.safe_load((REPO / "ansible" / name).read_text())]
+    # Every play that changes or reads root-owned state becomes root; the srun check runs as the login user.
+    assert [play["name"] for play in plays if play.get("become") is not True] == ["Check that Slurm hands out GPUs"]
 
 
 def test_missing_ansible_playbook_says_which_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

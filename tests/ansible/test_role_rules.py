@@ -83,19 +83,20 @@ def test_releases_are_compared_as_integers() -> None:
     assert offenders == []
 
 
-def test_the_only_reboot_is_opt_in_and_after_a_drain() -> None:
-    reboots = []
-    for role in ROLES:
-        for path in task_files(role):
-            for task in yaml.safe_load(path.read_text()) or []:
-                for inner in iter_tasks([task]):
-                    if "ansible.builtin.reboot" in inner:
-                        reboots.append((path, task))
-    assert len(reboots) == 1, reboots
-    path, block = reboots[0]
+def test_reboots_are_opt_in_after_a_drain_and_a_built_module() -> None:
+    """Every way to reboot (the reboot module, Slurm's `scontrol reboot`) is in nvidia_driver's reboot.yml, which only
+    finish.yml includes: inside the block guarded by nvidia_driver_reboot, after the drain and the check that the
+    kernel module is built."""
+    with_reboots = sorted({str(path.relative_to(ANSIBLE)) for role in ROLES for path in task_files(role)
+                           if "ansible.builtin.reboot" in path.read_text() or re.search(r"scontrol, reboot|'scontrol', 'reboot'", path.read_text())})
+    assert with_reboots == ["roles/nvidia_driver/tasks/reboot.yml"]
+    includes = [(path, task) for role in ROLES for path in task_files(role) for task in yaml.safe_load(path.read_text()) or []
+                for inner in iter_tasks([task]) if str(inner.get("ansible.builtin.include_tasks", "")).startswith("reboot")]
+    assert len(includes) == 1 and includes[0][0].name == "finish.yml"
+    block = includes[0][1]
     assert "nvidia_driver_reboot | bool" in block["when"]
     names = [t.get("name", "") for t in block["block"]]
-    assert names.index("Drain the node before the reboot") < names.index("Reboot")
+    assert names.index("Drain the node before the reboot") < names.index("Refuse to reboot into a kernel without the module") < names.index("Reboot")
     defaults = yaml.safe_load((ANSIBLE / "roles" / "nvidia_driver" / "defaults" / "main.yml").read_text())
     assert defaults["nvidia_driver_reboot"] is False
 

@@ -33,6 +33,7 @@ def render(role: str, template: str, **variables: object) -> str:
     )
     env.filters["bool"] = lambda value: value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
     env.filters["to_json"] = lambda value: __import__("json").dumps(value)
+    env.filters["basename"] = os.path.basename
     return env.get_template(template).render(ansible_managed=MANAGED, **variables)
 
 
@@ -72,20 +73,40 @@ def test_gres_conf_nvml_autodetect_has_no_file_lines() -> None:
     assert "File=" not in text
 
 
-def _nodename_conf(gres_by_host: dict[str, list[dict]]) -> str:
+def _hostvars(gres_by_host: dict[str, list[dict]], extra: dict[str, dict] | None = None) -> dict:
     facts = {"processor_vcpus": 96, "processor_count": 2, "processor_cores": 24, "processor_threads_per_core": 2,
              "memtotal_mb": 1031530}
-    hostvars = {h: {"ansible_facts": {**facts, "hostname": h}, "slurm_gpu_node_gres": g} for h, g in gres_by_host.items()}
+    return {h: {"ansible_facts": {**facts, "hostname": h}, "slurm_gpu_node_gres": g, **(extra or {}).get(h, {})}
+            for h, g in gres_by_host.items()}
+
+
+def _nodename_conf(gres_by_host: dict[str, list[dict]], extra: dict[str, dict] | None = None) -> str:
     return render(
         "slurm_gpu_node", "slurm-gpu-nodes.conf.j2", groups={"gpu_nodes": list(reversed(gres_by_host))},
-        hostvars=hostvars, slurm_gpu_node_group="gpu_nodes", slurm_gpu_node_reserved_memory_mb=4096,
+        hostvars=_hostvars(gres_by_host, extra), slurm_gpu_node_group="gpu_nodes", slurm_gpu_node_reserved_memory_mb=4096,
         slurm_gpu_node_controller_conf="/etc/slurm/hpc-train-gpu-nodes.conf", slurm_gpu_node_nodename_extra="Feature=hgx",
     )
 
 
+MIXED = [{"type": "a100", "devices": "0-1"}, {"type": "l40s", "devices": "2-3"}, {"type": "a100", "devices": "4"}]
+
+
 def test_controller_nodename_lines() -> None:
-    mixed = [{"type": "a100", "devices": "0-1"}, {"type": "l40s", "devices": "2-3"}, {"type": "a100", "devices": "4"}]
-    check_golden("slurm-gpu-nodes.conf", _nodename_conf({"gpu01": example_gres(), "gpu02": mixed}))
+    """gpu02's Slurm NodeName is mapped (gpu_stack_slurm_node_name): its line uses that name."""
+    check_golden("slurm-gpu-nodes.conf", _nodename_conf({"gpu01": example_gres(), "gpu02": MIXED},
+                                                        {"gpu02": {"gpu_stack_slurm_node_name": "gpu-b02"}}))
+
+
+def test_configless_gres_lines_on_the_controller() -> None:
+    """Configless nodes read gres.conf from slurmctld: one NodeName-qualified line per GPU group, or AutoDetect."""
+    text = render("slurm_gpu_node", "gres-nodes.conf.j2", groups={"gpu_nodes": ["gpu02", "gpu01", "gpu03"]},
+                  hostvars=_hostvars({"gpu01": example_gres(), "gpu02": MIXED, "gpu03": example_gres()},
+                                     {"gpu02": {"gpu_stack_slurm_node_name": "gpu-b02"}, "gpu03": {"slurm_gpu_node_gres_autodetect": "nvml"}}),
+                  slurm_gpu_node_group="gpu_nodes")
+    check_golden("gres-nodes.conf", text)
+    lines = text.splitlines()
+    assert lines[0] == "NodeName=gpu01 Name=gpu Type=h100 File=/dev/nvidia[0-3] Cores=0-23"
+    assert "NodeName=gpu-b02 Name=gpu Type=l40s File=/dev/nvidia[2-3]" in lines and lines[-1] == "NodeName=gpu03 AutoDetect=nvml"
 
 
 @pytest.mark.parametrize(
@@ -168,12 +189,6 @@ def test_repo_file_el9_aarch64_uses_sbsa_and_no_epel_when_disabled() -> None:
 def test_cuda_profile_script() -> None:
     text = render("cuda_toolkit", "cuda.sh.j2", cuda_toolkit_version="12.8", __cuda_toolkit_home="/usr/local/cuda-12.8")
     check_golden("cuda.sh", text)
-
-
-def test_cgroup_conf_is_sorted() -> None:
-    text = render("slurm_gpu_node", "cgroup.conf.j2",
-                  slurm_gpu_node_cgroup_options={"ConstrainRAMSpace": "yes", "ConstrainDevices": "yes", "ConstrainCores": "yes"})
-    check_golden("cgroup.conf", text)
 
 
 @pytest.mark.parametrize("trust_all", [True, False])

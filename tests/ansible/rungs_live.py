@@ -1,0 +1,218 @@
+"""The live_change rung: the driver lifecycle on a running node. gpu_nodes.yml --tags driver in live-node
+mode against a copy of the converged image root, with the Slurm CLI (fake_slurm/) and nvidia-smi (fake_gpu/) as
+recording stand-ins, and the "running kernel" and "loaded driver" as files the stand-ins read and, on a reboot, write.
+
+Each scenario continues from the node the previous one left, like an admin's successive runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import ladder_lib as lib
+from fake_repos import build as fake_repos
+from rungs_packages import IMAGE_KERNEL
+
+NEWER_KERNEL = fake_repos.NEWER_KERNEL + ".x86_64"
+
+
+def loaded_line(version: str, flavor: str) -> str:
+    kind = "Open Kernel Module for x86_64" if flavor == "open" else "x86_64 Kernel Module"
+    return f"NVRM version: NVIDIA UNIX {kind}  {version}  Release Build  (stand-in)\n"
+
+
+def live_change(ladder, venv: Path) -> None:
+    repos = lib.ensure_repos("repos")  # the converged root's repository file points there
+    source = lib.WORK / "image" / "root"
+    if not ladder.check("live/an installed root from the converge rung exists", (source / "var").exists()):
+        return
+    node = lib.make_image_root("live", repos, copy_from=source, lock_active=True)
+    root = node["root"]
+    lib.set_running_kernel(root, IMAGE_KERNEL)
+    machine = lib.WORK / "live-machine"
+    shutil.rmtree(machine, ignore_errors=True)
+    lib.build_fixture_machine(json.loads((lib.HERE / "fixtures" / "facts" / "el9.json").read_text()), machine)
+    loaded = machine / "proc-driver-nvidia-version"
+    old = fake_repos.DRIVER_VERSIONS[0]
+    rollback = fake_repos.ROLLBACK_VERSION
+    driver = f"{old}-1.el9"
+    loaded.write_text(loaded_line(old, "proprietary"))  # the converged image ends on the proprietary flavour
+    gpu_state = lib.write_state(lib.WORK / "live-gpu.json", {"loaded_version_file": str(loaded), "gpus": 8,
+                                                              "fabric": ["Completed", "Success"]})
+    slurm_state = lib.WORK / "live-slurm.json"
+
+    # Scenarios run only the driver role (preflight's checks are the check rung's), with the GPU count preflight would
+    # find (8 on the fixture's PCI bus); the kernel update also runs preflight (its dry run past the old lock).
+    def play(label: str, slurm: dict, *extra: str, kernel: str = IMAGE_KERNEL, tags: str = "driver") -> tuple[subprocess.CompletedProcess, list[dict], dict]:
+        lib.write_state(slurm_state, {"calls": [], "jobs": [], "polls_until_done": 0, **slurm,
+                                      "machine": {"root": str(root), "kernel": kernel, "loaded_version_file": str(loaded)}})
+        record = lib.WORK / f"live-{label}.jsonl"
+        env = lib.with_stand_ins(lib.ansible_env(venv, record, HPC_TRAIN_FAKE_SLURM=str(slurm_state), HPC_TRAIN_FAKE_GPU=str(gpu_state)),
+                                 "fake_slurm", "fake_gpu")
+        result = lib.run([str(venv / "bin" / "ansible-playbook"), "-i", str(lib.EXAMPLE), "-i", str(lib.HERE / "inventories" / "converge" / "hosts.yml"),
+                          "--limit", "el9-image", "--tags", tags, "-e", f"fixtures_dir={lib.HERE / 'fixtures'}",
+                          "-e", f"fake_repos={repos}", "-e", f"gpu_stack_sysroot={root}", "-e", f"gpu_stack_dnf_conf_file={node['conf']}",
+                          "-e", "gpu_stack_releasever=9", "-e", "gpu_stack_manage_services=false",
+                          "-e", f"gpu_preflight_pci_devices_path={machine}/sys/bus/pci/devices",
+                          "-e", f"gpu_preflight_efivars_path={machine}/sys/firmware/efi/efivars",
+                          "-e", f"nvidia_driver_loaded_version_file={loaded}",
+                          "-e", f"gpu_preflight_kernel_version={kernel}", "-e", f"nvidia_driver_kernel_version={kernel}",
+                          "-e", "nvidia_driver_allow_change=true", "-e", "nvidia_driver_drain_poll_s=1", "-e", "nvidia_driver_expected_gpus=8",
+                          "-e", '{"gpu_nodes_rollout_batches": ["100%"]}', *extra, "live_change.yml"],
+                         env, lib.WORK / "logs" / f"live-{label}.log")
+        return result, lib.read_records(record), json.loads(slurm_state.read_text())
+
+    def updates(slurm: dict) -> list[list[str]]:
+        return [c["argv"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "update"]]
+
+    def call_times(slurm: dict, *prefix: str) -> list[float]:
+        return [c["time"] for c in slurm["calls"] if c["argv"][:len(prefix)] == list(prefix)]
+
+    def resumed(slurm: dict) -> list[float]:
+        return [c["time"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "update"] and "State=RESUME" in c["argv"]]
+
+    # 1. Jobs outlast the drain timeout: nothing changes, the node stays drained.
+    before = lib.rpm_packages(root)
+    busy = {"node": {"name": "gpu01", "state": "MIXED", "reason": ""}, "jobs": ["4242"]}
+    result, records, slurm = play("1-jobs-outlast-the-timeout", {**busy, "polls_until_done": None},
+                                  "-e", "gpu_stack_driver_flavor=open", "-e", "nvidia_driver_drain_timeout_s=2")
+    failure = lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/jobs outlast the drain timeout: stopped with a clear message",
+                 failure.get("msg", "") == "nvidia_driver: jobs 4242 still run on gpu01 after 2 s; nothing was changed and the node "
+                 "stays drained. Rerun when they have ended (or raise nvidia_driver_drain_timeout_s).", failure.get("msg", ""))
+    ladder.check("live/jobs outlast the timeout: node drained with our reason, packages untouched",
+                 slurm["node"]["state"] == "MIXED+DRAIN" and slurm["node"]["reason"].startswith("hpc-train")
+                 and lib.rpm_packages(root) == before, json.dumps(slurm["node"]))
+
+    # 2. The change once the jobs have ended; a reboot over a local connection is refused.
+    result, records, slurm = play("2-drain-then-change", {**busy, "polls_until_done": 2},
+                                  "-e", "gpu_stack_driver_flavor=open", "-e", "nvidia_driver_drain_timeout_s=60",
+                                  "-e", "nvidia_driver_reboot=true")
+    packages = lib.rpm_packages(root)
+    ladder.check("live/the driver changed once the jobs had ended",
+                 f"kmod-nvidia-open-dkms-{driver}" in packages and not any(p.startswith("kmod-nvidia-latest") for p in packages),
+                 lib.tail(result.stdout, 20))
+    polls = call_times(slurm, "squeue")
+    drained = [c["time"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "update"] and "State=DRAIN" in c["argv"]]
+    query = subprocess.run(["rpm", "--root", str(root), "-q", "--queryformat", "%{INSTALLTIME}", "kmod-nvidia-open-dkms"],
+                           capture_output=True, text=True)
+    installed = int(query.stdout) if query.returncode == 0 else 0
+    ladder.check("live/order: drain, then polls until no job is left, then the package change",
+                 len(drained) == 1 and len(polls) == 2 and drained[0] < polls[0] and installed >= int(polls[-1]),
+                 f"drain={drained} polls={polls} kmod installed at {installed}")
+    ladder.check("live/the kmod's own %post built the open module for the running kernel",
+                 lib.built_modules(root, IMAGE_KERNEL) == [f"{old} Dual MIT/GPL"], str(lib.built_modules(root, IMAGE_KERNEL)))
+    failure = lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/reboot asked over a local connection: refused, node not resumed",
+                 failure.get("msg", "") == "nvidia_driver: el9-image is reached over a local connection; rebooting it would reboot the controller."
+                 and not resumed(slurm) and slurm["node"]["state"].endswith("DRAIN"),
+                 f"{failure.get('msg', '')}\n{json.dumps(slurm['node'])}")
+
+    # 3. A rerun with a reboot allowed (through Slurm, as a node-local run can): it reboots although this run changes
+    #    no package, the node comes back with the driver loaded, which is checked before the node is resumed.
+    result, records, slurm = play("3-rerun-reboots", {"node": slurm["node"]}, "-e", "gpu_stack_driver_flavor=open",
+                                  "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
+    reboots = [c for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "reboot"]]
+    ladder.check("live/rerun with a reboot allowed: Slurm reboots the node once (scontrol reboot ASAP nextstate=DOWN)",
+                 result.returncode == 0 and [c["argv"] for c in reboots]
+                 == [["scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason=hpc-train: reboot into NVIDIA driver {old}", "gpu01"]],
+                 f"rc={result.returncode} reboots={reboots}\n{lib.tail(result.stdout, 15)}")
+    ladder.check("live/after the reboot the driver is checked (nvidia-smi) and only then the node resumed",
+                 len(resumed(slurm)) == 1 and reboots and resumed(slurm)[0] > reboots[0]["time"]
+                 and slurm["node"] == {"name": "gpu01", "state": "IDLE", "reason": ""} and "Open Kernel Module" in loaded.read_text()
+                 and any(r["task"].endswith("Check that every GPU runs the installed driver") and r["status"] == "ok" for r in records),
+                 f"resume={resumed(slurm)} node={slurm['node']} loaded={loaded.read_text()!r}")
+
+    # 4. A node an admin drained: changed without touching its Slurm state; no reboot asked, so one is pending.
+    result, records, slurm = play("4-admin-drained-node", {"node": {"name": "gpu01", "state": "IDLE+DRAIN", "reason": "bad fan"}},
+                                  "-e", "gpu_stack_driver_flavor=proprietary")
+    packages = lib.rpm_packages(root)
+    ladder.check("live/a node an admin drained: changed without touching its Slurm state",
+                 result.returncode == 0 and f"kmod-nvidia-latest-dkms-{driver}" in packages and updates(slurm) == []
+                 and slurm["node"] == {"name": "gpu01", "state": "IDLE+DRAIN", "reason": "bad fan"},
+                 f"rc={result.returncode} updates={updates(slurm)} node={slurm['node']}\n{lib.tail(result.stdout, 12)}")
+    messages = [r["msg"] for r in records if r["task"].endswith("Report the reboot that is still needed")]
+    ladder.check("live/no reboot asked: says a reboot is pending (loaded open, installed proprietary)",
+                 any("it is loaded after a reboot" in m and "kernel runs " + old + " (open)" in m for m in messages), str(messages))
+
+    # 5. Slurm does not know the node by its host name: refused before anything changes.
+    before, stream, lock = lib.rpm_packages(root), lib.module_stream(root), lib.lock_block(root)
+    renamed = {"name": "gpu-a01", "state": "IDLE", "reason": ""}
+    result, records, slurm = play("5-unknown-nodename", {"node": renamed}, "-e", "gpu_stack_driver_flavor=open")
+    failure = lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/a NodeName Slurm does not know: refused with a message that names the fix",
+                 failure.get("msg", "").startswith("nvidia_driver: Slurm knows no node named gpu01 (scontrol: Node gpu01 not found)")
+                 and "nvidia_driver_slurm_node_name" in failure.get("msg", "") and "nvidia_driver_slurm_new_node=true" in failure.get("msg", ""),
+                 failure.get("msg", ""))
+    ladder.check("live/unknown NodeName: no package, stream, lock or Slurm state changed",
+                 lib.rpm_packages(root) == before and lib.module_stream(root) == stream and lib.lock_block(root) == lock
+                 and updates(slurm) == [], f"updates={updates(slurm)}")
+
+    # 5b. The same node marked as not in Slurm yet: the change goes ahead, Slurm is left alone.
+    result, records, slurm = play("5b-new-node", {"node": renamed}, "-e", "gpu_stack_driver_flavor=open",
+                                  "-e", "nvidia_driver_slurm_new_node=true")
+    ladder.check("live/a node marked new (nvidia_driver_slurm_new_node): changed without any Slurm update",
+                 result.returncode == 0 and f"kmod-nvidia-open-dkms-{driver}" in lib.rpm_packages(root) and updates(slurm) == [],
+                 f"rc={result.returncode} updates={updates(slurm)}\n{lib.tail(result.stdout, 12)}")
+
+    # 6. Roll back to an older branch (570 -> 550) on a node whose NodeName is mapped, with a job to wait for; first in
+    #    check mode, which must change nothing. CUDA 12.4 here keeps this about the rollback (550 is built for it;
+    #    preflight's table is checked in check mode).
+    rollback_pins = ["-e", "gpu_stack_driver_branch=550", "-e", "gpu_stack_driver_version=", "-e", "gpu_stack_driver_flavor=open",
+                     "-e", "gpu_stack_cuda_version=12.4", "-e", "gpu_stack_torch_cuda_tag=cu124", "-e", "gpu_stack_slurm_node_name=gpu-a01"]
+    before, stream, lock, modules = lib.rpm_packages(root), lib.module_stream(root), lib.lock_block(root), lib.built_modules(root, IMAGE_KERNEL)
+    result, records, slurm = play("6a-rollback-check-mode", {"node": {**renamed, "state": "MIXED"}, "jobs": ["77"], "polls_until_done": 1},
+                                  *rollback_pins, "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm", "--check")
+    ladder.check("live/rollback in check mode: runs, changes no package, stream, lock, module or Slurm state",
+                 result.returncode == 0 and lib.rpm_packages(root) == before and lib.module_stream(root) == stream
+                 and lib.lock_block(root) == lock and lib.built_modules(root, IMAGE_KERNEL) == modules and updates(slurm) == []
+                 and not any(c["argv"][:2] == ["scontrol", "reboot"] for c in slurm["calls"]),
+                 f"rc={result.returncode} updates={updates(slurm)}\n{lib.tail(result.stdout, 12)}")
+    result, records, slurm = play("6-rollback-to-550", {"node": {**renamed, "state": "MIXED"}, "jobs": ["77"], "polls_until_done": 1},
+                                  *rollback_pins, "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
+    packages = lib.rpm_packages(root)
+    driver_packages = sorted(p for p in packages if p.startswith(("nvidia-", "kmod-nvidia")) and "container" not in p)
+    ladder.check("live/rollback 570 -> 550: every driver package is 550 now, no 570 package left (dnf module switch-to)",
+                 result.returncode == 0 and driver_packages and all(f"-{rollback}-" in p for p in driver_packages)
+                 and any(r["task"].startswith("nvidia_driver : Switch to nvidia-driver:550-open") and r["changed"] for r in records),
+                 f"rc={result.returncode} {driver_packages}\n{lib.tail(result.stdout, 15)}")
+    lock = lib.lock_block(root)
+    ladder.check("live/rollback: stream 550-open, the lock and the module for the running kernel follow",
+                 lib.module_stream(root) == "550-open" and f"kmod-nvidia-open-dkms-3:{rollback}-1.el9.*" in lock
+                 and not any(old in entry for entry in lock) and lib.built_modules(root, IMAGE_KERNEL) == [f"{rollback} Dual MIT/GPL"],
+                 f"stream={lib.module_stream(root)} lock={lock} modules={lib.built_modules(root, IMAGE_KERNEL)}")
+    reboots = call_times(slurm, "scontrol", "reboot")
+    drained = [c["time"] for c in slurm["calls"] if c["argv"][:3] == ["scontrol", "update", "NodeName=gpu-a01"] and "State=DRAIN" in c["argv"]]
+    ladder.check("live/rollback: drained (mapped NodeName), rebooted by Slurm, checked, resumed",
+                 len(drained) == 1 and len(reboots) == 1 and len(resumed(slurm)) == 1 and drained[0] < reboots[0] < resumed(slurm)[0]
+                 and slurm["node"] == {"name": "gpu-a01", "state": "IDLE", "reason": ""} and f"  {rollback}  " in loaded.read_text(),
+                 f"drain={drained} reboot={reboots} resume={resumed(slurm)} node={slurm['node']}")
+
+    # 7. The admin updated the kernel and rebooted: the node runs a kernel the lock does not name, without a module.
+    lib.rpm_install(root, sorted((repos / "baseos").glob(f"kernel-core-{NEWER_KERNEL}.rpm")))
+    lib.set_running_kernel(root, NEWER_KERNEL)
+    loaded.unlink()
+    result, records, slurm = play("7-after-a-kernel-update", {"node": {**renamed, "state": "IDLE"}}, *rollback_pins, kernel=NEWER_KERNEL,
+                                  tags="preflight,driver")
+    lock = lib.lock_block(root)
+    ladder.check("live/after a kernel update: kernel-devel for the new kernel installed despite the old lock, lock moved to it",
+                 result.returncode == 0 and f"kernel-devel-{fake_repos.NEWER_KERNEL}" in lib.rpm_packages(root)
+                 and f"kernel-core-0:{fake_repos.NEWER_KERNEL}.*" in lock and not any(fake_repos.KERNEL in entry for entry in lock)
+                 and updates(slurm) == [], f"rc={result.returncode} lock={lock}\n{lib.tail(result.stdout, 12)}")
+    ladder.check("live/after a kernel update: the module is built for the new kernel (dkms autoinstall -k), a reboot is pending",
+                 lib.built_modules(root, NEWER_KERNEL) == [f"{rollback} Dual MIT/GPL"]
+                 and any(r["task"].endswith("Report the reboot that is still needed") for r in records),
+                 str(lib.built_modules(root, NEWER_KERNEL)))
+
+    # 8. The reboot into it, on an NVSwitch node whose fabric manager fails: the node is not resumed.
+    lib.write_state(gpu_state, {"loaded_version_file": str(loaded), "gpus": 8, "fabric": ["In Progress", "N/A"]})
+    result, records, slurm = play("8-fabric-manager-failed", {"node": {**renamed, "state": "IDLE"}}, *rollback_pins,
+                                  "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm", kernel=NEWER_KERNEL)
+    failure = lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/fabric manager not ready after the reboot: stopped with a clear message, node left DOWN",
+                 failure.get("msg", "").startswith("nvidia_driver: the GPU fabric of el9-image is not ready")
+                 and "error 802" in failure.get("msg", "") and len(call_times(slurm, "scontrol", "reboot")) == 1
+                 and not resumed(slurm) and slurm["node"]["state"] == "DOWN",
+                 f"{failure.get('msg', '')}\nnode={slurm['node']}")
