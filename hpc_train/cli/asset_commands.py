@@ -158,7 +158,8 @@ def provision(inventory: Path, check: bool, limit: str | None, tags: str | None,
               extra_vars: tuple[str, ...]) -> None:
     """Install the NVIDIA driver, CUDA, NCCL and PyTorch on EL GPU nodes and make them Slurm GPU nodes.
 
-    Runs ansible-playbook with the project's ansible.cfg (needs the 'ansible' extra).
+    Runs ansible-playbook with the project's ansible.cfg unless the site has its own ($ANSIBLE_CONFIG, or an
+    ./ansible.cfg here); needs the 'ansible' extra.
 
     \b
     Examples:
