@@ -167,7 +167,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     trainer.model.load_state_dict(torch.load(args.weights, weights_only=True))
     sync()
     elapsed = timer()
-    result = trainer.evaluate("test", trainer._heads())["plain"]
+    result = trainer.evaluate("test", trainer.heads())["plain"]
     eval_wall_s = elapsed()
     if ws > 1:
         dist.barrier()  # leave together: gloo torn down under a busy peer can abort at exit

@@ -127,7 +127,7 @@ def test_reference_validate_matches_our_exact_evaluation(tmp_path):
     data = small_data()
     spec = ours.recipe_spec(device="cpu", batch_size=32, num_threads=1)
     _, trainer = _our_losses(spec, data, tmp_path)  # trained weights: predictions are not all one class
-    correct, count = trainer.evaluate("test", trainer._heads())["plain"]
+    correct, count = trainer.evaluate("test", trainer.heads())["plain"]
     mine = [c / n for c, n in zip(correct, count)]
     test_set = reference.CifarLikeDataset(data.test.images, data.test.labels, reference.eval_transform())
     loader = torch.utils.data.DataLoader(test_set, batch_size=100, shuffle=False, num_workers=0)
