@@ -19,11 +19,12 @@ hence ``cuda_graphs: auto`` leaves them off.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -79,6 +80,30 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+class CudaGraphs:
+    """The CUDA side of :class:`CapturedSteps` (tests stand a recording fake in for it on the CPU)."""
+
+    def stream(self, device: torch.device):
+        return torch.cuda.Stream(device)
+
+    def current(self, device: torch.device):
+        return torch.cuda.current_stream(device)
+
+    def on(self, stream) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(stream)
+
+    def capture(self, body: Callable[[], None], stream):
+        """A graph of ``body`` captured on ``stream`` (nothing runs). ``thread_local``: a checkpoint
+        writer thread's CUDA calls are not this capture's business."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            body()
+        return graph
+
+
+BACKEND = CudaGraphs()
+
+
 class CapturedSteps:
     """Runs a :class:`~.step.TrainStep` by batch shape: warm-up, capture, replay (module docstring).
     ``agree(ok) -> bool`` makes a capture's outcome the same on every rank (all must succeed);
@@ -86,11 +111,13 @@ class CapturedSteps:
     a graph is captured)."""
 
     def __init__(self, step: TrainStep, device: torch.device, *, agree: Callable[[bool], bool],
-                 before_capture: Callable[[], None] = lambda: None) -> None:
+                 before_capture: Callable[[], None] = lambda: None, backend: CudaGraphs | None = None) -> None:
         self.step, self.device, self.agree, self.before_capture = step, device, agree, before_capture
-        self.stream = torch.cuda.Stream(device)
-        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.backend = backend or BACKEND
+        self.stream = self.backend.stream(device)
+        self.graphs: dict[str, Any] = {}
         self.seen: Counter[str] = Counter()
+        self.replays: Counter[str] = Counter()
         self.failed: str | None = None
 
     def run(self, kind: str) -> None:
@@ -100,26 +127,25 @@ class CapturedSteps:
         graph = self.graphs.get(kind)
         if graph is not None:
             graph.replay()
+            self.replays[kind] += 1
             return
-        current = torch.cuda.current_stream(self.device)
+        current = self.backend.current(self.device)
         if self.seen[kind] < WARMUP_STEPS:
             self.seen[kind] += 1
             self.stream.wait_stream(current)
-            with torch.cuda.stream(self.stream):
+            with self.backend.on(self.stream):
                 self.step.body(kind)
             current.wait_stream(self.stream)
             return
         self._capture(kind, current)
 
-    def _capture(self, kind: str, current: torch.cuda.Stream) -> None:
+    def _capture(self, kind: str, current) -> None:
         self.before_capture()
-        graph, error = torch.cuda.CUDAGraph(), None
+        graph, error = None, None
         self.step.optimizer.zero_grad(set_to_none=True)  # the graph allocates its gradients itself
         self.stream.wait_stream(current)
         try:
-            # thread_local: a checkpoint writer thread's CUDA calls are not this capture's business.
-            with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
-                self.step.body(kind)
+            graph = self.backend.capture(lambda: self.step.body(kind), self.stream)
         except Exception as exc:  # noqa: BLE001 - any failure to capture means: run eagerly
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         current.wait_stream(self.stream)
@@ -134,3 +160,4 @@ class CapturedSteps:
         self.graphs[kind] = graph
         log.info("cuda_graphs: captured the %s-batch step after %d eager steps", kind, WARMUP_STEPS)
         graph.replay()
+        self.replays[kind] += 1

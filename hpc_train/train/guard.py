@@ -9,8 +9,9 @@ host wait for the GPU at every step. :class:`NoHostSync` sits in PyTorch's dispa
 On a GPU, ``torch.cuda.set_sync_debug_mode("error")`` is the second line (``tests/train/gpu_check.py``).
 
 Rejected: ``_local_scalar_dense`` (every ``.item()``, ``bool(tensor)``, ``int(tensor)``), ``nonzero``
-(boolean indexing, ``torch.where(cond)``), ``equal`` (a host bool), data-dependent shapes
-(``masked_select``, ``unique``), and copies from an accelerator (or ``meta``) to the CPU.
+and indexing with a boolean mask (``x[mask]``, ``torch.where(cond)``), ``equal`` (a host bool),
+data-dependent shapes (``masked_select``, ``unique``), and copies from an accelerator (or ``meta``) to
+the CPU. (``index_put_`` with a mask — ``x[mask] = v`` — is rejected too: on CUDA it syncs the same way.)
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ class HostSyncError(RuntimeError):
 
 def _off_cpu(value: object) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type != "cpu"
+
+
+def _mask_index(func, args: tuple) -> bool:
+    """Indexing with a boolean mask: its result's size is the mask's count, which the host must read."""
+    if func.overloadpacket.__name__ not in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        return False
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
 
 
 def _to_host(func, args: tuple, kwargs: dict) -> bool:
@@ -53,7 +62,7 @@ class NoHostSync(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if name in _SYNCING or _to_host(func, args, kwargs):
+        if name in _SYNCING or _mask_index(func, args) or _to_host(func, args, kwargs):
             raise HostSyncError(f"{func} inside {self.where} makes the host wait for the device (a CUDA graph would "
                                 "freeze its value at capture); keep the value on the device")
         return func(*args, **kwargs)
