@@ -140,6 +140,7 @@ class Trainer:
         self.progress = report.Progress(self.device, printing=ctx.is_main)
         self.clock = report.RunClock(self.device)
         self.plan: EpochPlan | None = None
+        self._next_tables: dict[tuple[str, int], dict] = {}
         self.runner: graphs.CapturedSteps | None = None
 
         self.epoch = 0
@@ -294,7 +295,9 @@ class Trainer:
         self.step.host_lrs = lrs
         self.clock.start("train")
         if self.data.in_memory:
-            self.plan = self.step.plan = self.feed.epoch_plan(self.sampler, self.epoch, t.batch_size, out=self.plan)
+            made = self._next_tables.pop((self.phase, self.epoch), None)
+            self.plan = self.step.plan = self.feed.epoch_plan(self.sampler, self.epoch, t.batch_size, out=self.plan,
+                                                              tables=made)
             for step in range(start, self.steps_per_epoch):
                 kind = "full" if step < self.plan.full_steps else "last"
                 self.step.host_step = step
@@ -303,6 +306,10 @@ class Trainer:
                 else:
                     self.step.body(kind)
                 self._after_step(lrs[step])
+            if self.epoch + 1 < (t.epochs if self.phase == "main" else self.total_epochs):
+                # The next epoch's tables, made on the CPU while the GPU works through this one's steps.
+                self._next_tables = {(self.phase, self.epoch + 1): self.feed.plan_tables(
+                    self.sampler, self.epoch + 1, t.batch_size)}
         else:
             for x, y, y_global in self.feed.train_batches(self.sampler, self.epoch, t.batch_size, start):
                 self.step.host_step = self.step_in_epoch

@@ -256,11 +256,9 @@ class Feed:
         """The training split on the device (in-memory sets only)."""
         return self._device_split("train")
 
-    def epoch_plan(self, sampler: GlobalSampler, epoch: int, batch_size: int,
-                   out: EpochPlan | None = None) -> EpochPlan:
-        """The epoch's batches as index tables (see :class:`EpochPlan`), made on the CPU from the same
-        per-step generators as always and copied to the device in one go; into ``out``'s tensors, in
-        place, when their shapes match (a captured step keeps reading the same addresses)."""
+    def plan_tables(self, sampler: GlobalSampler, epoch: int, batch_size: int) -> dict[str, Tensor | None]:
+        """The host side of :meth:`epoch_plan`: the epoch's tables on the CPU, made from the same
+        per-step generators as always (the trainer makes the next epoch's while the GPU runs this one)."""
         images = self._device_split("train")
         seq = sampler.global_sequence(epoch)
         n, b, w, r = len(seq), batch_size, self.world_size, self.rank
@@ -280,13 +278,24 @@ class Feed:
             d = draw(full, len(last))
             host.update(last_idx=last[r::w].contiguous(), last_whole=last.contiguous(),
                         last_coords=None if d is None else d[r::w].contiguous())
+        if self.device.type == "cuda":
+            host = {k: None if v is None else v.pin_memory() for k, v in host.items()}
+        return host
+
+    def epoch_plan(self, sampler: GlobalSampler, epoch: int, batch_size: int, out: EpochPlan | None = None,
+                   tables: dict[str, Tensor | None] | None = None) -> EpochPlan:
+        """The epoch's batches as index tables on the device (see :class:`EpochPlan`), copied in one go
+        from :meth:`plan_tables` (or ``tables``, made earlier); into ``out``'s tensors, in place, when
+        their shapes match (a captured step keeps reading the same addresses). The copies are queued
+        behind the steps already launched, so those still read the previous epoch's tables."""
+        host = tables if tables is not None else self.plan_tables(sampler, epoch, batch_size)
+        n, b = sampler.num_samples, batch_size
         plan = out if out is not None and out.fits(host) else EpochPlan(
-            steps=-(-n // b), full_steps=full,
+            steps=-(-n // b), full_steps=n // b,
             **{k: None if v is None else torch.empty_like(v, device=self.device) for k, v in host.items()})
         for key, value in host.items():
             if value is not None:
-                target = getattr(plan, key)
-                target.copy_(value.pin_memory() if self.device.type == "cuda" else value, non_blocking=True)
+                getattr(plan, key).copy_(value, non_blocking=True)
         return plan
 
     def eval_tensors(self, which: str) -> tuple[Tensor, Tensor]:
