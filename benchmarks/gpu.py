@@ -99,6 +99,7 @@ class Ours:
         end = clock.now()
         train_s, eval_s = t.clock.seconds("train") - train_before, t.clock.seconds("eval") - eval_before
         return {"train_s": train_s, "eval_s": eval_s, "epoch_s": end - start, "images": len(t.data.train),
+                "eval_images": len(t.data.test),
                 "top1": t.last["top1"] if t.last else None,
                 "graphs": sorted(t.runner.graphs) if t.runner else [], "fell_back": t.runner.failed if t.runner else None}
 
@@ -141,7 +142,8 @@ class Reference:
         end = clock.now()
         self.epoch_index += 1
         return {"train_s": trained - start, "eval_s": end - trained, "epoch_s": end - start,
-                "images": len(self.train_set), "balanced": sum(per_class) / len(per_class)}
+                "images": len(self.train_set), "eval_images": len(self.test_set),
+                "balanced": sum(per_class) / len(per_class)}
 
 
 def _median(values: list[float]) -> float | None:
@@ -157,7 +159,7 @@ def summarise(report: dict[str, Any], setup_s: dict[str, float], first: dict[str
         epoch_s = _median([e["epoch_s"] for e in runs])
         sides[name] = {
             "train_images_per_s": _median([e["images"] / e["train_s"] for e in runs]),
-            "eval_images_per_s": _median([10_000 / e["eval_s"] for e in runs if e["eval_s"] > 0] or [0.0]) or None,
+            "eval_images_per_s": _median([e["eval_images"] / e["eval_s"] for e in runs if e["eval_s"] > 0] or [0.0]) or None,
             "epoch_s_median": epoch_s, "train_s_median": _median([e["train_s"] for e in runs]),
             "eval_s_median": _median([e["eval_s"] for e in runs]), "epochs_timed": len(runs),
             "setup_s": setup_s[name], "first_epoch_s": first[name]["epoch_s"],
