@@ -56,9 +56,9 @@ def _have(module: str) -> bool:
 def _environment(device) -> dict[str, Any]:
     import torch
 
+    modules = {m: _have(m) for m in ("numpy", "yaml", "torchvision", "PIL")}
     info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "device": str(device),
-                            "cpu_cores": os.cpu_count(), "modules": {m: _have(m) for m in ("numpy", "yaml", "torchvision",
-                                                                                            "PIL")}}
+                            "cpu_cores": os.cpu_count(), "modules": modules}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         info.update({"gpu": p.name, "gpu_memory_gb": round(p.total_memory / 2**30, 1), "cuda": torch.version.cuda,
@@ -101,7 +101,8 @@ class Ours:
         return {"train_s": train_s, "eval_s": eval_s, "epoch_s": end - start, "images": len(t.data.train),
                 "eval_images": len(t.data.test),
                 "top1": t.last["top1"] if t.last else None,
-                "graphs": sorted(t.runner.graphs) if t.runner else [], "fell_back": t.runner.failed if t.runner else None}
+                "graphs": sorted(t.runner.graphs) if t.runner else [],
+                "fell_back": t.runner.failed if t.runner else None}
 
 
 class Reference:
@@ -150,7 +151,8 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarise(report: dict[str, Any], setup_s: dict[str, float], first: dict[str, dict], epochs: dict[str, list]) -> None:
+def summarise(report: dict[str, Any], setup_s: dict[str, float], first: dict[str, dict],
+              epochs: dict[str, list]) -> None:
     """Fill in ``sides``, ``ratios``, ``projected_200_epochs_s`` and ``goals`` from what was measured."""
     sides: dict[str, Any] = {}
     for name, runs in epochs.items():
@@ -159,12 +161,12 @@ def summarise(report: dict[str, Any], setup_s: dict[str, float], first: dict[str
         epoch_s = _median([e["epoch_s"] for e in runs])
         sides[name] = {
             "train_images_per_s": _median([e["images"] / e["train_s"] for e in runs]),
-            "eval_images_per_s": _median([e["eval_images"] / e["eval_s"] for e in runs if e["eval_s"] > 0] or [0.0]) or None,
+            "eval_images_per_s": _median([e["eval_images"] / e["eval_s"] for e in runs if e["eval_s"] > 0]),
             "epoch_s_median": epoch_s, "train_s_median": _median([e["train_s"] for e in runs]),
             "eval_s_median": _median([e["eval_s"] for e in runs]), "epochs_timed": len(runs),
             "setup_s": setup_s[name], "first_epoch_s": first[name]["epoch_s"],
             "projected_200_epochs_s": setup_s[name] + first[name]["epoch_s"] + (EPOCHS_PROJECTED - 1) * epoch_s,
-            **({"graphs": runs[-1].get("graphs"), "fell_back": runs[-1].get("fell_back")} if name != "reference" else {}),
+            **({k: runs[-1].get(k) for k in ("graphs", "fell_back")} if name != "reference" else {}),
         }
     report["sides"] = sides
     ref = sides.get("reference", {}).get("train_images_per_s")

@@ -116,7 +116,8 @@ class Checkpointer:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError(f"writing a checkpoint to {ckpt.checkpoint_dir(self.run_dir)} failed: {error}") from error
+            where = ckpt.checkpoint_dir(self.run_dir)
+            raise RuntimeError(f"writing a checkpoint to {where} failed: {error}") from error
 
     # ------------------------------------------------------------------------------------------------
     # Restore

@@ -190,8 +190,8 @@ def check_captured_run(runner: Runner) -> tuple[bool, dict]:
 def check_graphs_match(runner: Runner) -> tuple[bool, dict]:
     common = {"deterministic": True, "tf32": False, "epochs": 5}
     jobs = {mode: runner.job(f"match_{mode}", {**common, "cuda_graphs": mode == "on"}) for mode in ("on", "off")}
-    procs = {mode: runner.start([str(job), "--run-dir", str(runner.work / "runs" / f"match_{mode}")], 1, f"match_{mode}")
-             for mode, job in jobs.items()}
+    procs = {mode: runner.start([str(job), "--run-dir", str(runner.work / "runs" / f"match_{mode}")], 1,
+                                f"match_{mode}") for mode, job in jobs.items()}
     codes = {mode: [_wait(p, 120) for p in ps] for mode, ps in procs.items()}
     states = {mode: _newest(runner.work / "runs" / f"match_{mode}") for mode in procs}
     if any(c != [0] for c in codes.values()) or not all(states.values()):
@@ -245,7 +245,8 @@ def check_resume(runner: Runner) -> tuple[bool, dict]:
     train = {"deterministic": True, "preempt_check_every_steps": 1, "log_every_steps": 1, "amp": "bf16",
              "channels_last": True}
     job = runner.job("resume", train)
-    straight = runner.start([str(job), "--run-dir", str(runner.work / "runs" / "resume_straight")], 1, "resume_straight")
+    straight_dir = runner.work / "runs" / "resume_straight"
+    straight = runner.start([str(job), "--run-dir", str(straight_dir)], 1, "resume_straight")
     run_dir = runner.work / "runs" / "resume"
     first = runner.start([str(job), "--run-dir", str(run_dir)], 1, "resume_first")
     deadline = time.monotonic() + 90

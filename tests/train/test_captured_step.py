@@ -66,8 +66,9 @@ def _main_loop(spec) -> dict:
     t = spec.train
     data = datasets.load(t.data)
     model = init_model(t, data)
-    feed = Feed(data, torch.device("cpu"), rank=0, world_size=1, seed=t.seed, crop_padding=default_crop_padding(t, data),
-                flip=default_flip(t, data), channels_last=t.channels_last, num_workers=0)
+    feed = Feed(data, torch.device("cpu"), rank=0, world_size=1, seed=t.seed,
+                crop_padding=default_crop_padding(t, data), flip=default_flip(t, data),
+                channels_last=t.channels_last, num_workers=0)
     criterion = build_loss(t.loss, [int(c) for c in data.train_counts], 1)
     sampler = stage_sampler(t, data.train.labels, data.num_classes, "main")
     steps = sampler.steps_per_epoch(t.batch_size)
@@ -293,7 +294,8 @@ def test_the_guard_rejects_host_reads(tmp_path, monkeypatch):
 
 def test_a_non_finite_loss_stops_the_run_with_a_clear_message(tmp_path):
     spec = make_spec(deep_update(RECIPE, optim={"lr": 1e30, "weight_decay": 5e-4}, epochs=2, log_every_steps=1000,
-                                 schedule={"name": "constant", "warmup_epochs": 0, "milestones": []}, loss={"name": "ldam", "drw_epoch": 1}))
+                                 schedule={"name": "constant", "warmup_epochs": 0, "milestones": []},
+                                 loss={"name": "ldam", "drw_epoch": 1}))
     trainer = _trainer(spec, tmp_path / "run")
     from hpc_train.train.report import NonFiniteLoss
 
