@@ -337,7 +337,7 @@ class Trainer:
             if flags.stop:
                 self._preempt(flags.requeue)
             if flags.checkpoint and t.checkpoint_every_s:
-                self.save_checkpoint()
+                self.save_checkpoint(wait=False)  # written in the background while training goes on
 
     # ------------------------------------------------------------------------------------------
     # Agreement, preemption and checkpoints
