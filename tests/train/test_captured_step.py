@@ -167,6 +167,7 @@ def main_weights():
 def test_the_step_formulation_gives_mains_weights_bit_for_bit(tmp_path, main_weights, monkeypatch):
     trainer = _trainer(make_spec(RECIPE), tmp_path / "eager")
     assert trainer.runner is None and trainer.steps_per_epoch == STEPS
+    assert trainer.train_model is trainer.model  # world size 1: no DDP wrapper
     trainer.fit()
     assert not _different(_final_weights(tmp_path / "eager"), main_weights)
     # The same steps through warm-up / capture / replay (a fake that replays the recorded step).
