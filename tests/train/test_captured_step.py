@@ -293,16 +293,25 @@ def test_the_guard_rejects_host_reads(tmp_path, monkeypatch):
         trainer.step.body("full")
 
 
-def test_a_non_finite_loss_stops_the_run_with_a_clear_message(tmp_path):
-    spec = make_spec(deep_update(RECIPE, optim={"lr": 1e30, "weight_decay": 5e-4}, epochs=2, log_every_steps=1000,
+@pytest.mark.parametrize("log_every, where", [
+    (1000, r"epoch 1 \(its end\)"),             # no progress line in the epoch: read at its end
+    (1, r"epoch 1 step \d+ \(global step \d+\)"),  # read with a progress line, acted on at the next check
+])
+def test_a_non_finite_loss_stops_the_run_with_a_clear_message(tmp_path, log_every, where):
+    spec = make_spec(deep_update(RECIPE, optim={"lr": 1e30, "weight_decay": 5e-4}, epochs=2, log_every_steps=log_every,
+                                 preempt_check_every_steps=1,
                                  schedule={"name": "constant", "warmup_epochs": 0, "milestones": []},
                                  loss={"name": "ldam", "drw_epoch": 1}))
     trainer = _trainer(spec, tmp_path / "run")
     from hpc_train.train.report import NonFiniteLoss
 
-    with pytest.raises(NonFiniteLoss, match=r"not finite \(nan or inf\), first seen at epoch 1 \(its end\)") as err:
+    with pytest.raises(NonFiniteLoss, match=rf"not finite \(nan or inf\), first seen at {where}") as err:
         trainer.fit()
     assert err.value.exit_code == 1 and "lower train.optim.lr" in str(err.value)
+    if log_every == 1000:
+        assert (trainer.epoch, trainer.step_in_epoch) == (1, 0)  # at the end of the first epoch
+    else:
+        assert trainer.epoch == 0 and 0 < trainer.step_in_epoch < STEPS  # mid-epoch, read on the way
     assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "failed"
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # stopped before evaluating or saving the epoch
 
