@@ -237,9 +237,11 @@ class Feed:
         loader.batch_sampler.epoch, loader.batch_sampler.start_step = epoch, start_step
         labels = torch.from_numpy(self.data.train.labels)
         wholes = (whole for _, whole in sampler.batches(epoch, self.rank, self.world_size, batch_size, start_step))
+        pin = self.device.type == "cuda"  # a copy from pageable memory would wait for the GPU's queue first
         for (x, y), whole in zip(loader, wholes):
             x, y = self._to_device(x, y)
-            yield x, y, labels[whole].to(self.device, non_blocking=True)
+            global_y = labels[whole]
+            yield x, y, (global_y.pin_memory() if pin else global_y).to(self.device, non_blocking=True)
 
     def _memory_train_batches(self, sampler: GlobalSampler, epoch: int, batch_size: int,
                               start_step: int) -> Iterator[TrainBatch]:
