@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .batchnorm import broadcast_buffers
-from .losses import posthoc_adjust, target_mask
+from .losses import log_prior, target_mask
 from .metrics import append_jsonl, summarize
 from .models import LongTailNet
 from .pipeline import Feed
@@ -47,6 +47,7 @@ class Evaluator:
         self.model, self.feed, self.num_classes, self.batch_size = model, feed, num_classes, batch_size
         self.distributed, self.autocast, self.counts = distributed, autocast, train_counts
         self.posthoc_tau, self.run_dir, self.is_main = posthoc_tau, run_dir, is_main
+        self._log_prior: Tensor | None = None
         self.best: dict[str, Any] | None = None
         self.last: dict[str, Any] | None = None
         self.images = 0
@@ -104,7 +105,10 @@ class Evaluator:
         heads: dict[str, Head] = {"plain": lambda f: classifier(f.to(classifier.weight.dtype))}
         tau = self.posthoc_tau
         if tau is not None:
-            heads["posthoc"] = lambda f: posthoc_adjust(classifier(f).float(), self.counts, tau)
+            if self._log_prior is None:  # made once: a copy from the host per evaluation would wait for the GPU
+                self._log_prior = log_prior(self.counts, torch.float32, self.feed.device)
+            prior = self._log_prior
+            heads["posthoc"] = lambda f: classifier(f).float() - tau * prior  # posthoc_adjust, the prior kept
         return heads
 
     # ------------------------------------------------------------------------------------------------

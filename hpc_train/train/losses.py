@@ -198,9 +198,13 @@ def build_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1) -> L
     return LOSSES[cfg.name](counts, cfg, world_size)
 
 
+def log_prior(counts: Sequence[int], dtype: torch.dtype = torch.float32,
+              device: torch.device | None = None) -> Tensor:
+    """log π_c, the empirical class prior of the training counts (a class without images counts as 1)."""
+    total = float(sum(counts))
+    return torch.tensor([math.log(max(c, 1) / total) for c in counts], dtype=dtype, device=device)
+
+
 def posthoc_adjust(logits: Tensor, counts: Sequence[int], tau: float) -> Tensor:
     """Post-hoc logit adjustment (Menon et al.): predict argmax of logits - τ·log π_c."""
-    total = float(sum(counts))
-    log_prior = torch.tensor([math.log(max(c, 1) / total) for c in counts], dtype=logits.dtype,
-                             device=logits.device)
-    return logits - tau * log_prior
+    return logits - tau * log_prior(counts, logits.dtype, logits.device)
