@@ -355,9 +355,9 @@ class Trainer:
         where = self.progress.nonfinite_at or "on another rank"
         self._write_status("failed", exit_code=1)
         raise report.NonFiniteLoss(
-            f"the training loss is not finite (nan or inf), first seen at {where}; stopped at epoch "
-            f"{self.epoch + 1} step {self.step_in_epoch}. The newest checkpoint in {self.run_dir} predates it; "
-            "lower train.optim.lr (or its warm-up), use amp bf16 rather than fp16, or check the data")
+            f"the training loss is not finite (nan or inf), first seen at {where}; stopped after "
+            f"{self.global_step} optimizer steps (checkpoints in {self.run_dir} predate it). Lower train.optim.lr "
+            "(or lengthen its warm-up), use amp bf16 rather than fp16, or check the data")
 
     def _preempt(self, by_requeue_signal: bool) -> None:
         mine = preempt.received()

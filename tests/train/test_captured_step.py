@@ -307,7 +307,7 @@ def test_a_non_finite_loss_stops_the_run_with_a_clear_message(tmp_path, log_ever
 
     with pytest.raises(NonFiniteLoss, match=rf"not finite \(nan or inf\), first seen at {where}") as err:
         trainer.fit()
-    assert err.value.exit_code == 1 and "lower train.optim.lr" in str(err.value)
+    assert err.value.exit_code == 1 and "Lower train.optim.lr" in str(err.value)
     if log_every == 1000:
         assert (trainer.epoch, trainer.step_in_epoch) == (1, 0)  # at the end of the first epoch
     else:
