@@ -1,25 +1,29 @@
-"""6. GPU benchmark — one prepared script for a machine with an NVIDIA GPU (at most ~5 minutes).
+"""6. GPU benchmark — the LDAM-DRW recipe's epoch on one GPU: eager, captured, compiled in capture, and the
+reference loop, side by side in one process (part of ``benchmarks/gpu_session.sh``; ≤ ~60 s by default).
 
-    PYTHONPATH=. python3 benchmarks/gpu.py --out gpu.json              # on the GPU machine
-    PYTHONPATH=. python3 benchmarks/gpu.py --device cpu --tiny         # smoke test anywhere (~1 min)
+    PYTHONPATH=. python3 benchmarks/gpu.py --out gpu.json                 # on the GPU machine
+    PYTHONPATH=. python3 benchmarks/gpu.py --device cpu --tiny            # smoke test anywhere
 
-Uses that machine's own python3 and torch: no install step, no network, nothing that needs submitit
-(our side needs numpy and PyYAML, the reference torchvision and Pillow; a missing one is reported and
-its side skipped). On one GPU it opens a one-rank NCCL process group, so our trainer runs wrapped in DDP
-and evaluates with its all-reduce, as a job does.
+Uses that machine's own python3 and torch: no install step, no network (our side needs numpy and PyYAML,
+the reference torchvision and Pillow; a missing one is reported and its side skipped). One plain rank, no
+process group, as ``python -m hpc_train.train`` runs on one GPU (no DDP wrapper at world size 1).
 
-Measured, interleaved epoch by epoch on the same GPU, CIFAR-shaped synthetic data of CIFAR-10-LT's size
-(12,406 training images per epoch, a balanced 10,000-image test split evaluated every epoch):
+Data: CIFAR-shaped random pixels of CIFAR-10-LT's size (12,406 training images, a balanced 10,000-image
+test split evaluated every epoch). Our variants are the recipe with ``amp: bf16`` + ``channels_last``:
 
-* ours, the LDAM-DRW recipe (ResNet-32, batch 128) with ``amp: bf16`` + ``channels_last``, eager and
-  with ``compile: true``, and as written (fp32, NCHW: the reference's precision); each epoch is what
-  ``Trainer.fit`` does per epoch: train, evaluate, record, checkpoint, the preemption check;
-* the reference: cifar_train.py's loop and ``validate()`` in fp32 with ``cudnn.benchmark`` (as the
-  script sets it), torchvision DataLoaders with 2 workers for training and evaluation.
+* ``eager``: ``cuda_graphs: off`` — the eager step (the fallback path);
+* ``captured``: ``cuda_graphs: auto`` — the whole step captured, one graph per batch shape;
+* ``compiled_captured``: ``compile: true`` as well — the compiled step inside the capture.
 
-Reported: training images/s of each, the ratio, epoch wall times (train + eval), and the wall time of a
-200-epoch run projected from the timed whole epochs: one-time set-up (data upload, model, compile) +
-200 × median epoch. Goals: projected <= 180 s and ours >= 5x the reference.
+Each of our epochs is :meth:`Trainer.fit_epoch` (train, the epoch-end agreement, evaluation, checkpoint in
+the background). The reference is cifar_train.py's loop and ``validate()`` in fp32 with
+``cudnn.benchmark``, torchvision DataLoaders with 2 workers.
+
+Stages: set-up and first (warm-up / capture / compile) epoch of each side, then timed epochs interleaved.
+After every stage one JSON line goes to stdout (``{"stage": ...}``) and the report so far to ``--out``,
+so a timeout still leaves every figure measured until then. The final report: training images/s of
+each side, the ratios to the reference, epoch wall times, and a 200-epoch projection (set-up + first
+epoch + 199 × the median epoch). Goals (issue 10): the recipe ≤ 60 s, ours ≥ 5× the reference.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ if __package__ in (None, ""):
     __package__ = "benchmarks"
 
 EPOCHS_PROJECTED = 200
+VARIANTS = {"eager": {"cuda_graphs": False}, "captured": {"cuda_graphs": "auto"},
+            "compiled_captured": {"cuda_graphs": "auto", "compile": True}}
 
 
 def _have(module: str) -> bool:
@@ -50,14 +56,13 @@ def _have(module: str) -> bool:
 def _environment(device) -> dict[str, Any]:
     import torch
 
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                            "device": str(device), "cpu_cores": os.cpu_count(),
-                            "modules": {m: _have(m) for m in ("numpy", "yaml", "torchvision", "PIL")}}
+    modules = {m: _have(m) for m in ("numpy", "yaml", "torchvision", "PIL")}
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "device": str(device),
+                            "cpu_cores": os.cpu_count(), "modules": modules}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         info.update({"gpu": p.name, "gpu_memory_gb": round(p.total_memory / 2**30, 1), "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version(), "nccl": str(torch.cuda.nccl.version()),
-                     "bf16_supported": torch.cuda.is_bf16_supported()})
+                     "cudnn": torch.backends.cudnn.version(), "bf16_supported": torch.cuda.is_bf16_supported()})
     return info
 
 
@@ -74,33 +79,30 @@ class Clock:
         return time.perf_counter()
 
 
-# --------------------------------------------------------------------------------------------------
-# The two sides
-# --------------------------------------------------------------------------------------------------
-
-
 class Ours:
-    def __init__(self, name: str, data, device, run_dir: Path, *, compile_: bool, amp: str,
-                 channels_last: bool) -> None:
+    """One of our variants: a Trainer on the recipe, driven through its public API."""
+
+    def __init__(self, name: str, data, device, run_dir: Path, *, amp: str, **train: Any) -> None:
         from benchmarks import ours
 
         self.name = name
-        spec = ours.recipe_spec(device=device.type, amp=amp, channels_last=channels_last, compile=compile_,
-                                eval_batch_size=500, keep_checkpoints=1)
-        self.trainer = ours.build_trainer(spec, data, run_dir, distributed=True)
+        spec = ours.recipe_spec(device=device.type, amp=amp, channels_last=True, eval_batch_size=10_000,
+                                keep_checkpoints=1, log_every_steps=50, **train)
+        self.trainer = ours.build_trainer(spec, data, run_dir)
+        self.trainer.clock.begin()
 
-    def epoch(self, clock: Clock) -> dict[str, float]:
+    def epoch(self, clock: Clock) -> dict[str, Any]:
         t = self.trainer
+        train_before, eval_before = t.clock.seconds("train"), t.clock.seconds("eval")
         start = clock.now()
-        images = len(t.data.train) - len(t.data.train) % t.ctx.world_size
-        t._train_epoch()
-        trained = clock.now()
-        t._evaluate_and_record()  # fit()'s epoch: evaluate + record, checkpoint, preemption check
-        t.save_checkpoint()
-        t._check_preemption()
+        t.fit_epoch()
         end = clock.now()
-        return {"train_s": trained - start, "eval_s": end - trained, "epoch_s": end - start, "images": images,
-                "top1": t.last["top1"] if t.last else None}
+        train_s, eval_s = t.clock.seconds("train") - train_before, t.clock.seconds("eval") - eval_before
+        return {"train_s": train_s, "eval_s": eval_s, "epoch_s": end - start, "images": len(t.data.train),
+                "eval_images": len(t.data.test),
+                "top1": t.last["top1"] if t.last else None,
+                "graphs": sorted(t.runner.graphs) if t.runner else [],
+                "fell_back": t.runner.failed if t.runner else None}
 
 
 class Reference:
@@ -113,8 +115,7 @@ class Reference:
         from benchmarks import ours, reference
 
         self.name, self.device, self.reference, self.workers = "reference", device, reference, workers
-        spec = ours.recipe_spec(device=device.type)
-        t = self.cfg = spec.train
+        t = self.cfg = ours.recipe_spec(device=device.type).train
         torch.backends.cudnn.benchmark = True  # cifar_train.py sets it
         self.model = init_model(t, data).to(device)
         self.criterion = build_loss(t.loss, [int(c) for c in data.train_counts]).to(device)
@@ -125,7 +126,7 @@ class Reference:
         self.log = open(log_dir / "reference-log_train.csv", "w")
         self.epoch_index = 0
 
-    def epoch(self, clock: Clock) -> dict[str, float]:
+    def epoch(self, clock: Clock) -> dict[str, Any]:
         import torch
 
         ref = self.reference
@@ -142,35 +143,62 @@ class Reference:
         end = clock.now()
         self.epoch_index += 1
         return {"train_s": trained - start, "eval_s": end - trained, "epoch_s": end - start,
-                "images": len(self.train_set), "balanced": sum(per_class) / len(per_class)}
-
-
-# --------------------------------------------------------------------------------------------------
-# Driver
-# --------------------------------------------------------------------------------------------------
+                "images": len(self.train_set), "eval_images": len(self.test_set),
+                "balanced": sum(per_class) / len(per_class)}
 
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def summarise(report: dict[str, Any], setup_s: dict[str, float], first: dict[str, dict],
+              epochs: dict[str, list]) -> None:
+    """Fill in ``sides``, ``ratios``, ``projected_200_epochs_s`` and ``goals`` from what was measured."""
+    sides: dict[str, Any] = {}
+    for name, runs in epochs.items():
+        if not runs:
+            continue
+        epoch_s = _median([e["epoch_s"] for e in runs])
+        sides[name] = {
+            "train_images_per_s": _median([e["images"] / e["train_s"] for e in runs]),
+            "eval_images_per_s": _median([e["eval_images"] / e["eval_s"] for e in runs if e["eval_s"] > 0]),
+            "epoch_s_median": epoch_s, "train_s_median": _median([e["train_s"] for e in runs]),
+            "eval_s_median": _median([e["eval_s"] for e in runs]), "epochs_timed": len(runs),
+            "setup_s": setup_s[name], "first_epoch_s": first[name]["epoch_s"],
+            "projected_200_epochs_s": setup_s[name] + first[name]["epoch_s"] + (EPOCHS_PROJECTED - 1) * epoch_s,
+            **({k: runs[-1].get(k) for k in ("graphs", "fell_back")} if name != "reference" else {}),
+        }
+    report["sides"] = sides
+    ref = sides.get("reference", {}).get("train_images_per_s")
+    report["ratios"] = {f"{n}_vs_reference": s["train_images_per_s"] / ref for n, s in sides.items()
+                        if n != "reference" and ref}
+    ours = {n: s["projected_200_epochs_s"] for n, s in sides.items() if n != "reference"}
+    if ours:
+        best = min(ours, key=ours.get)
+        report["projected_200_epochs_s"] = {"best": ours[best], "variant": best}
+    if report["environment"]["device"].startswith("cuda") and not report["tiny"] and ours:
+        report["goals"] = {"projected_200_epochs_s <= 60": min(ours.values()) <= 60,
+                           "ours_vs_reference >= 5": bool(report["ratios"]) and max(report["ratios"].values()) >= 5}
+    else:
+        report["goals"] = "not applicable: a smoke test (CPU or --tiny), not the GPU measurement"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a few hundred images: prove the script runs end to end")
-    parser.add_argument("--budget-s", type=float, default=270.0, help="stop starting new work after this (default 270)")
+    parser.add_argument("--budget-s", type=float, default=55.0, help="start no new stage after this (default 55)")
     parser.add_argument("--rounds", type=int, default=3, help="timed epochs per side, interleaved (default 3)")
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"ours to run (default {','.join(VARIANTS)})")
     parser.add_argument("--ref-workers", type=int, default=2, help="reference DataLoader workers (default 2)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here (after every stage)")
     args = parser.parse_args(argv)
     began = time.perf_counter()
     left = lambda: args.budget_s - (time.perf_counter() - began)  # noqa: E731
 
     import torch
-    import torch.distributed as dist
 
-    from benchmarks.common import cifar_shaped_lt, free_port
+    from benchmarks.common import cifar_shaped_lt
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(json.dumps({"measured": False, "reason": "no CUDA device visible to torch"}), flush=True)
@@ -179,119 +207,73 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     report: dict[str, Any] = {"measured": True, "environment": _environment(device), "tiny": args.tiny,
-                              "epochs_projected": EPOCHS_PROJECTED, "sides": {}, "skipped": {}}
+                              "epochs_projected": EPOCHS_PROJECTED, "stages": [], "skipped": {}}
+
+    def stage(name: str, **figures: Any) -> None:
+        entry = {"stage": name, "at_s": round(time.perf_counter() - began, 2), **figures}
+        report["stages"].append(entry)
+        summarise(report, setup_s, first, epochs)
+        report["wall_s"] = time.perf_counter() - began
+        print(json.dumps(entry, default=str), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+
+    setup_s: dict[str, float] = {}
+    first: dict[str, dict] = {}
+    epochs: dict[str, list] = {}
     missing_ours = [m for m in ("numpy", "yaml") if not _have(m)]
-    missing_ref = [m for m in ("torchvision", "PIL") if not _have(m)]
     if missing_ours:
         report.update(measured=False, reason=f"our trainer needs {missing_ours}, not installed here")
-        print(json.dumps(report, indent=2), flush=True)
+        print(json.dumps(report), flush=True)
         return 2
-
-    # One-rank process group on the device's backend: DDP wrapping and the evaluation all-reduce run
-    # through NCCL (gloo on the CPU) as in a job.
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
-                       "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
-    dist.init_process_group(backend, rank=0, world_size=1)
-    probe = torch.ones(4, device=device)
-    dist.all_reduce(probe)
-    report["backend"] = backend
-
     t0 = time.perf_counter()
-    if args.tiny:  # 117 training images (one step of 128), 50 test images: the code path, not a figure
-        data = cifar_shaped_lt(30, imbalance_factor=10, test_per_class=5)
-    else:
-        data = cifar_shaped_lt(5000, test_per_class=1000)
-    report["data"] = {"train_images": len(data.train), "test_images": len(data.test),
-                      "make_s": time.perf_counter() - t0}
+    data = (cifar_shaped_lt(30, imbalance_factor=10, test_per_class=5) if args.tiny  # 117 + 50 images
+            else cifar_shaped_lt(5000, test_per_class=1000))
+    report["data"] = {"train_images": len(data.train), "test_images": len(data.test)}
     work = Path(tempfile.mkdtemp(prefix="hpc-train-gpu-bench-"))
     clock = Clock(device)
+    stage("data", make_s=round(time.perf_counter() - t0, 2))
 
-    # (name, amp, channels_last, compile). The compiled variant goes last: if compiling is slow, the
-    # eager figures and the reference are already in hand when the budget runs out.
-    variants: list[tuple[str, str, bool, bool]] = [("ours_bf16_cl", "bf16", True, False)]
-    if not args.tiny:  # the plain fp32 path is the one every CPU test runs; the smoke test skips it
-        variants.append(("ours_fp32", "off", False, False))
-    if not args.no_compile and device.type == "cuda":
-        variants.append(("ours_bf16_cl_compile", "bf16", True, True))
-    elif not args.no_compile:
-        report["skipped"]["ours_bf16_cl_compile"] = "compile is exercised on the GPU only (CPU smoke test)"
     sides: dict[str, Any] = {}
-    setup_s: dict[str, float] = {}
-    warmup: dict[str, dict[str, float]] = {}
-
-    def start_ours(name: str, amp: str, channels_last: bool, compile_: bool) -> None:
-        if left() < (120 if compile_ else 60):
+    wanted = [v for v in args.variants.split(",") if v]
+    for name in wanted:
+        if device.type != "cuda" and name != "eager":
+            report["skipped"][name] = "CUDA graphs and compile are exercised on the GPU only (CPU smoke test)"
+            continue
+        if left() < (30 if "compiled" in name else 10):
             report["skipped"][name] = "time budget"
-            return
+            continue
         start = clock.now()
-        sides[name] = Ours(name, data, device, work / name, compile_=compile_, amp=amp, channels_last=channels_last)
+        sides[name] = Ours(name, data, device, work / name, amp="bf16", **VARIANTS[name])
         setup_s[name] = clock.now() - start
-        warmup[name] = sides[name].epoch(clock)  # compiles here
-
-    for variant in variants:
-        if not variant[3]:
-            start_ours(*variant)
+        first[name] = sides[name].epoch(clock)  # warm-up, capture, compile
+        epochs[name] = []
+        stage(f"first_epoch:{name}", setup_s=round(setup_s[name], 2), **{k: v for k, v in first[name].items()})
+    missing_ref = [m for m in ("torchvision", "PIL") if not _have(m)]
     if missing_ref:
         report["skipped"]["reference"] = f"needs {missing_ref}, not installed here"
-    elif left() > 30:
+    elif left() > 15:
         start = clock.now()
         sides["reference"] = Reference(data, device, workers=args.ref_workers, log_dir=work)
         setup_s["reference"] = clock.now() - start
-        warmup["reference"] = sides["reference"].epoch(clock)
+        first["reference"] = sides["reference"].epoch(clock)
+        epochs["reference"] = []
+        stage("first_epoch:reference", setup_s=round(setup_s["reference"], 2), **first["reference"])
     else:
         report["skipped"]["reference"] = "time budget"
-    for variant in variants:
-        if variant[3]:
-            start_ours(*variant)
 
-    epochs: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
-    peak_mem: dict[str, float] = {}
     names = list(sides)
     for r in range(args.rounds):
-        order = names if r % 2 == 0 else names[::-1]
-        if r >= 1 and left() < 10:
+        if left() < 3:
             report["skipped"]["rounds_after"] = f"{r} rounds (time budget)"
             break
-        for name in order:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
+        for name in (names if r % 2 == 0 else names[::-1]):
             epochs[name].append(sides[name].epoch(clock))
-            if device.type == "cuda":
-                peak_mem[name] = max(peak_mem.get(name, 0.0), torch.cuda.max_memory_allocated(device) / 2**20)
-
-    for name, runs in epochs.items():
-        train_ips = [e["images"] / e["train_s"] for e in runs]
-        epoch_s = _median([e["epoch_s"] for e in runs])
-        one_time = setup_s[name] + max(0.0, warmup[name]["epoch_s"] - (epoch_s or 0.0))
-        sides_report = {
-            "train_images_per_s": _median(train_ips), "train_images_per_s_all": train_ips,
-            "epoch_s_median": epoch_s, "train_s_median": _median([e["train_s"] for e in runs]),
-            "eval_s_median": _median([e["eval_s"] for e in runs]), "epochs_timed": len(runs),
-            "setup_s": setup_s[name], "first_epoch_s": warmup[name]["epoch_s"],
-            "one_time_s": one_time,
-            "projected_200_epochs_s": one_time + EPOCHS_PROJECTED * epoch_s if epoch_s else None,
-        }
-        if name in peak_mem:
-            sides_report["peak_gpu_memory_mb"] = peak_mem[name]
-        report["sides"][name] = sides_report
-    ref = report["sides"].get("reference", {}).get("train_images_per_s")
-    best = min((s["projected_200_epochs_s"], n) for n, s in report["sides"].items() if n != "reference"
-               and s["projected_200_epochs_s"])
-    report["ratios"] = {f"{n}_vs_reference": s["train_images_per_s"] / ref
-                        for n, s in report["sides"].items() if n != "reference" and ref}
-    report["projected_200_epochs_s"] = {"best": best[0], "variant": best[1]}
-    if device.type == "cuda" and not args.tiny:
-        report["goals"] = {"projected_200_epochs_s <= 180": best[0] <= 180,
-                           "ours_vs_reference >= 5": bool(report["ratios"]) and max(report["ratios"].values()) >= 5}
-    else:
-        report["goals"] = "not applicable: a smoke test (CPU or --tiny), not the GPU measurement"
-    report["wall_s"] = time.perf_counter() - began
-    dist.destroy_process_group()
-    text = json.dumps(report, indent=2)
-    print(text, flush=True)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+        stage(f"round:{r + 1}", **{n: round(epochs[n][-1]["epoch_s"], 4) for n in names})
+    if device.type == "cuda":
+        report["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    stage("done")
+    print(json.dumps(report, indent=2, default=str), flush=True)
     return 0
 
 

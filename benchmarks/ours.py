@@ -51,5 +51,5 @@ def train_one_epoch(trainer) -> int:
     Returns the number of images all ranks together trained on."""
     total = trainer.sampler.num_samples
     skipped = min(total, trainer.step_in_epoch * trainer.cfg.batch_size)  # a warm-up may start mid-epoch
-    trainer._train_epoch()
+    trainer.train_epoch()
     return total - skipped

@@ -213,7 +213,19 @@ class TrainConfig:
     channels_last: bool = False
     """NHWC memory format for model and inputs (faster convolutions with AMP on tensor cores)."""
     compile: bool = False
-    """``torch.compile`` the model (the first steps are slow while it compiles)."""
+    """``torch.compile`` the model (the first steps are slow while it compiles; one graph per batch shape,
+    never recompiled). Combined with ``cuda_graphs``, the compiled step is captured."""
+    compile_cache_dir: str | None = None
+    """Persistent compile cache (``TORCHINDUCTOR_CACHE_DIR``; ``$VARS`` and ``~`` expanded), so the second
+    run of a recipe compiles in seconds; a site file can point it at a shared filesystem. Unset: torch's
+    default (``/tmp/torchinductor_$USER``, per node)."""
+    cuda_graphs: Literal["auto", True, False] = "auto"
+    """Capture the whole training step (batch gather, augmentation, forward, loss, backward, optimizer)
+    as CUDA graphs, one per batch shape, and replay them: no host work and no host synchronisation per
+    step. ``auto``: on for CUDA at world size 1 with an in-memory data set, not fp16, not ``dp`` (one log
+    line says why when off); ``on`` (``true``): also at world size > 1, where the gradient all-reduce is
+    captured (unverified on GPUs); ``off`` (``false``): eager steps. A capture that fails falls back to
+    eager steps with one log line."""
     cudnn_benchmark: bool = True
     """Let cuDNN pick the fastest convolution algorithms (ignored when ``deterministic``)."""
     deterministic: bool = False
@@ -225,13 +237,20 @@ class TrainConfig:
     """Evaluate on the test split every this many epochs (and always after the last one)."""
     checkpoint_every_epochs: int = 1
     """Checkpoint every this many epochs (and always at the end and on preemption)."""
+    checkpoint_every_s: float | None = None
+    """Periodic checkpoints by time instead: at the first step boundary where the ranks agree (every
+    ``preempt_check_every_steps``) at least this many seconds after the previous checkpoint (rank 0's
+    clock), mid-epoch included; ``checkpoint_every_epochs`` is then ignored. Always one at the end of
+    each stage and on preemption. Checkpoints are copied to host memory and written in the background."""
     keep_checkpoints: int = 2
     """Checkpoints kept in the run directory (older ones are deleted after a successful save)."""
     log_every_steps: int = 50
     """Progress line (epoch, step, loss, lr, images/s, ETA) every this many steps, from rank 0."""
     preempt_check_every_steps: int = 10
-    """How often ranks agree (one all-reduce) on whether a preemption signal arrived; also at every
-    epoch end. Small against the signal's lead time (``slurm.signal_delay_s``)."""
+    """How often ranks agree on whether a preemption signal arrived (and a time-based checkpoint or a
+    non-finite loss); also at every epoch end. With several ranks the agreement is a non-blocking
+    all-reduce on the CPU whose answer is read at the next check, so a signal is acted on within two
+    intervals. Small against the signal's lead time (``slurm.signal_delay_s``)."""
     process_group_timeout_s: int = 600
     """A dead or stuck rank ends the job after this long instead of blocking to the time limit."""
     data: DataConfig = field(default_factory=DataConfig)

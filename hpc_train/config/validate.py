@@ -158,6 +158,15 @@ def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:
                  "log_every_steps", "preempt_check_every_steps", "process_group_timeout_s"):
         if getattr(t, name) < 1:
             raise ConfigError(f"train.{name} must be at least 1, got {getattr(t, name)}")
+    if t.checkpoint_every_s is not None and t.checkpoint_every_s <= 0:
+        raise ConfigError(f"train.checkpoint_every_s must be > 0 (or unset), got {t.checkpoint_every_s}")
+    if t.cuda_graphs is True:
+        blocker = ("the device is the CPU" if t.device == "cpu" or (t.device == "auto" and s.gpus_per_node == 0)
+                   else "amp fp16's gradient scaler is not captured" if t.amp == "fp16"
+                   else "strategy dp runs DataParallel" if t.strategy == "dp"
+                   else f"{d.name} streams batches from the host" if d.name in ("list", "imagefolder") else None)
+        if blocker:
+            raise ConfigError(f"train.cuda_graphs=on but {blocker}; use cuda_graphs auto or off")
     if t.num_threads is not None and t.num_threads < 1:
         raise ConfigError(f"train.num_threads must be at least 1 (or unset), got {t.num_threads}")
     if t.device == "cpu" or (t.device == "auto" and s.gpus_per_node == 0):

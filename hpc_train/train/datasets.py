@@ -7,7 +7,8 @@ disk (``FileSplit``: image paths). The long tail is cut exactly as kaidic/LDAM-D
 ``RandomState`` shuffling each class's indices in label order and keeping the first n_i, and the
 untouched test set. CIFAR-10-LT at IF 100 then has 12,406 training images, CIFAR-100-LT 10,847.
 
-Missing or corrupt files raise :class:`DataError` (exit 2) naming what was expected. Nothing is ever
+On-disk sets (list files, ImageFolder) and their staging are in :mod:`.file_sets`. Missing or corrupt
+files raise :class:`DataError` (exit 2) naming what was expected. Nothing is ever
 downloaded unless ``train.data.download`` is true.
 """
 
@@ -22,8 +23,6 @@ import numpy as np
 
 from ..config import DataConfig
 from ..errors import HpcTrainError
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 # LDAM-DRW normalises CIFAR-100 with the CIFAR-10 statistics too; we keep that, the recipe is the point.
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
@@ -321,21 +320,12 @@ def load(cfg: DataConfig, *, image_root: Path | None = None, download_ok: bool =
     if cfg.name == "synthetic-lt":
         return load_synthetic_lt(cfg)
     if cfg.name == "list":
-        from .file_datasets import load_list
-
         return load_list(cfg, image_root)
     if cfg.name == "imagefolder":
-        from .file_datasets import load_imagefolder
-
         return load_imagefolder(cfg)
     raise DataError(f"unknown data set {cfg.name!r}")  # pragma: no cover - the config Literal rejects it
 
 
-def __getattr__(name: str):
-    """The on-disk sets (list files, ImageFolder trees, staging) live in :mod:`.file_datasets`, which builds
-    on the splits and long-tail cuts above."""
-    if name in ("load_imagefolder", "load_list", "read_list_file", "stage_list_files"):
-        from . import file_datasets
-
-        return getattr(file_datasets, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# On-disk sets (list files, ImageFolder, staging) live in file_sets.py; imported last, as it builds on
+# the types above. ``datasets.stage_list_files`` and friends stay importable from here.
+from .file_sets import load_imagefolder, load_list, read_list_file, stage_list_files  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""The Trainer: holds the state of one rank's training and receives the config.
+"""The Trainer: holds the state of one rank's training and runs its loop.
 
 One loop serves both stages: epochs ``[0, train.epochs)`` train the whole network, the following
 ``two_stage.crt_epochs`` re-train a re-initialised classifier on frozen features with class-balanced
@@ -7,38 +7,43 @@ sampling (cRT), and τ-normalisation of the stage-1 classifier runs once at the 
 continue from it go into each checkpoint, so a run resumed from any checkpoint, end of epoch or
 mid-epoch after a preemption signal, at the same or another world size, takes the same optimizer steps on
 the same batches with the same augmentations as one that never stopped.
+
+The jobs around the loop have their own modules: the step (:mod:`.step`) and its CUDA graphs
+(:mod:`.graphs`), evaluation (:mod:`.evaluation`), checkpoint capture and restore (:mod:`.snapshots`),
+the agreement between ranks (:mod:`.control`) and the end-of-run report (:mod:`.report`). The host does
+not wait for the GPU inside an epoch: losses are read behind the steps, ranks agree on the CPU.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import nn
 
 from .. import rundir, sync_bn
 from ..config import JobSpec, LossConfig, ScheduleConfig, TrainConfig
 from ..dist import DistEnv
 from ..errors import ConfigError
 from . import checkpoint as ckpt
-from . import preempt, two_stage
-from .batchnorm import broadcast_buffers, synchronise_batchnorm
+from . import graphs, preempt, report, snapshots, two_stage
+from .batchnorm import synchronise_batchnorm
+from .control import Agreement, Flags
 from .datasets import DataSource
-from .losses import CrossEntropy, build_loss, posthoc_adjust
-from .metrics import ClassCounter, append_jsonl, format_table, group_sizes, plot_per_class, summarize
+from .evaluation import Evaluator, Head
+from .losses import CrossEntropy, build_loss
 from .models import LongTailNet, build_model, make_classifier
-from .pipeline import Feed
+from .pipeline import EpochPlan, Feed
 from .samplers import derive_seed, stage_sampler
 from .schedule import LrSchedule
-from .two_stage import TAU_GRID
+from .snapshots import Checkpointer
+from .step import GradAllReduce, StepState, TrainStep, build_optimizer
 
 log = logging.getLogger("hpc_train.train")
 
@@ -120,41 +125,46 @@ class Trainer:
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.amp)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.amp == "fp16")
 
+        self.captured, self.graphs_reason = graphs.decide(t, self.device, world_size=ctx.world_size,
+                                                          in_memory=data.in_memory)
+        if ctx.is_main and self.device.type == "cuda":
+            log.info("%s", self.graphs_reason)
+        if t.compile:
+            graphs.set_compile_cache(t)
+        self.state = StepState.on(self.device)
+        self.agreement = Agreement(ctx.distributed)
+        self.checkpointer = Checkpointer(run_dir, self.device, keep=t.keep_checkpoints, writer=ctx.is_main)
+        self.evaluator = Evaluator(self.model, self.feed, num_classes=data.num_classes, batch_size=t.eval_batch_size,
+                                   distributed=ctx.distributed, autocast=self._autocast, train_counts=self.counts,
+                                   posthoc_tau=t.loss.posthoc_tau, run_dir=run_dir, is_main=ctx.is_main)
+        self.progress = report.Progress(self.device, printing=ctx.is_main)
+        self.clock = report.RunClock(self.device)
+        self.plan: EpochPlan | None = None
+        self._next_tables: dict[tuple[str, int], dict] = {}
+        self.runner: graphs.CapturedSteps | None = None
+
         self.epoch = 0
         self.step_in_epoch = 0
         self.global_step = 0
-        self.best: dict[str, Any] | None = None
-        self.last: dict[str, Any] | None = None
         self.phase = ""
         self._saved_at_step = -1
-        self._timer_start = time.monotonic()
-        self._steps_this_process = 0
-        self._last_log = (time.monotonic(), 0)
+        self._last_checkpoint_s = time.monotonic()
+        self._checkpoint_asked = False
+        self._last_lr: float | None = None
 
-        resumed = ckpt.load_latest(run_dir, map_location="cpu")
+        resumed = self.checkpointer.restore()
         if resumed is None:
             self._setup_phase("main", reinit_classifier=False)
-            return
-        state, path = resumed
-        self.model.load_state_dict(state["model"])
-        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
-        self.global_step = int(state["global_step"])
-        self.best, self.last = state.get("best"), state.get("last")
-        self.stage1 = state.get("stage1")
-        self._setup_phase(state["phase"], reinit_classifier=False)
-        if int(state.get("world_size", ctx.world_size)) != ctx.world_size and ctx.is_main:
-            # Steps are global batches and augmentations are keyed by global position: nothing changes.
-            log.info("checkpoint written by %s ranks, continuing with %d", state.get("world_size"), ctx.world_size)
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.sampler.load_state_dict(state["sampler"])
-        rng = state["rng"]
-        if len(rng) == ctx.world_size:
-            ckpt.set_rng_state(rng[ctx.rank])
-        self._saved_at_step = self.global_step
-        log.info("resumed from %s: epoch %d, step %d of the epoch, %d optimizer steps so far",
-                 path.name, self.epoch, self.step_in_epoch, self.global_step)
+        else:
+            snapshots.resume(self, *resumed)
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        return self.evaluator.best
+
+    @property
+    def last(self) -> dict[str, Any] | None:
+        return self.evaluator.last
 
     # ------------------------------------------------------------------------------------------
     # Phases
@@ -184,12 +194,26 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"{self.data.name} has no training images")
         self.schedule = LrSchedule(schedule_cfg, lr, epochs)
-        if t.optim.name == "sgd":
-            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(
-                params, lr=lr, momentum=t.optim.momentum, weight_decay=t.optim.weight_decay, nesterov=t.optim.nesterov)
+        self.state.lr.fill_(lr)
+        self.optimizer = build_optimizer(t, params, self.state.lr, captured=self.captured)
+        criterion = self.criterion if phase == "main" else self.crt_criterion
+        criterion.reserve(t.batch_size, torch.float32, self.device)
+        grad_sync = None
+        if self.captured:  # a graph replays the plain (or compiled) model; the all-reduce is in the step
+            forward: nn.Module = graphs.compile_module(self.model) if t.compile else self.model
+            if self.ctx.distributed:
+                grad_sync = GradAllReduce(self.model, self.ctx.world_size)
+                for p in self.model.parameters():  # as DDP's constructor does
+                    dist.broadcast(p.data, 0)
         else:
-            self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=t.optim.weight_decay)
-        self.train_model = self._wrap(self.model)
+            forward = self._wrap(self.model)
+        self.train_model = forward
+        self.step = TrainStep(forward=forward, criterion=criterion, optimizer=self.optimizer, state=self.state,
+                              autocast=self._autocast, scaler=self.scaler, grad_sync=grad_sync,
+                              images=self.feed.train_images() if self.data.in_memory else None)
+        self.plan = None  # the plan's shapes are the phase's
+        self.runner = graphs.CapturedSteps(self.step, self.device, agree=self.agreement.agree_all,
+                                           before_capture=self.checkpointer.wait) if self.captured else None
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         t = self.cfg
@@ -203,14 +227,13 @@ class Trainer:
             # Legacy single-process DataParallel: scatters each batch over the visible GPUs of this node
             # (on CPU it simply calls the model). Kept for old recipes; DDP is faster.
             wrapped = nn.DataParallel(model)
-        if t.compile:
-            wrapped = torch.compile(wrapped)
-        return wrapped
+        return graphs.compile_module(wrapped) if t.compile else wrapped
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+        # A captured step must not keep autocast's cast-weight cache across replays (PyTorch's notes).
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype, cache_enabled=not self.captured)
 
     # ------------------------------------------------------------------------------------------
     # Training
@@ -222,89 +245,126 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         t = self.cfg
+        self.clock.begin()
+        self.progress.start(self.global_step)
+        self._first_epoch = self.epoch
         self._write_status(rundir.RUNNING)
         if self.global_step == 0 and self.ctx.is_main:
             log.info("training %s: %d epochs (+%d cRT), %d steps per epoch, batch %d (%d per rank x %d ranks)",
                      self.data.name, t.epochs, t.two_stage.crt_epochs, self.steps_per_epoch, t.batch_size,
                      t.batch_size // self.ctx.world_size, self.ctx.world_size)
         while self.epoch < self.total_epochs:
-            if self.epoch >= t.epochs and self.phase == "main":
-                self._setup_phase("crt", reinit_classifier=True)
-            self._train_epoch()
-            end_of_phase = self.epoch in (t.epochs, self.total_epochs)
-            if self.epoch % t.eval_every_epochs == 0 or end_of_phase:
-                self._evaluate_and_record()
-            if self.epoch % t.checkpoint_every_epochs == 0 or end_of_phase:
-                self.save_checkpoint()
-            if self.epoch < self.total_epochs:
-                self._check_preemption()
-        tau_record = self._tau_normalise() if t.two_stage.tau_norm else None
+            self.fit_epoch()
+        self.checkpointer.wait()
+        tau_record = None
+        if t.two_stage.tau_norm:
+            tau_record = self.evaluator.tau_normalise(self.stage1, epoch=self.epoch, global_step=self.global_step)
+            self.phase = "tau_norm"
         return self._finish(tau_record)
 
-    def _train_epoch(self) -> None:
+    def fit_epoch(self) -> None:
+        """One epoch of :meth:`fit`: train, agree, evaluate and record, checkpoint, stop if preempted."""
         t = self.cfg
-        criterion = self.criterion if self.phase == "main" else self.crt_criterion
-        criterion.set_epoch(self.epoch)
+        if self.epoch >= t.epochs and self.phase == "main":
+            self._setup_phase("crt", reinit_classifier=True)
+        self.train_epoch()
+        self.progress.record(self.state.loss, self.state.nonfinite, None, f"epoch {self.epoch} (its end)")
+        self.progress.flush(wait=True)  # the epoch's last steps too: a non-finite loss stops the run here at the latest
+        flags = self.agreement.now(self._my_flags())
+        if flags.nonfinite:
+            self._stop_nonfinite()
+        end_of_phase = self.epoch in (t.epochs, self.total_epochs)
+        if self.epoch % t.eval_every_epochs == 0 or end_of_phase:
+            self.evaluate_and_record()
+        periodic = flags.checkpoint if t.checkpoint_every_s else self.epoch % t.checkpoint_every_epochs == 0
+        if periodic or end_of_phase:
+            self.save_checkpoint(wait=end_of_phase)
+        if flags.stop and self.epoch < self.total_epochs:
+            self._preempt(flags.requeue)
+
+    def train_epoch(self) -> None:
+        """The optimizer steps of the current epoch, from ``step_in_epoch`` on."""
+        t = self.cfg
+        self.step.criterion.set_epoch(self.epoch)  # DRW: the class weights switch in place
         self.train_model.train()
         if self.phase == "crt" and t.two_stage.crt_bn == "frozen":
             self.model.backbone.eval()  # stage 1's BatchNorm statistics (classifier-balancing re-estimates them)
-        local_epoch = self.epoch - self.phase_start_epoch
-        batches = self.feed.train_batches(self.sampler, self.epoch, t.batch_size, self.step_in_epoch)
-        for x, y, y_global in batches:
-            lr = self.schedule.lr(local_epoch, self.step_in_epoch, self.steps_per_epoch)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            with self._autocast():
-                loss = criterion(self.train_model(x), y, y_global)
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.scaler.is_enabled():
-                self.scaler.scale(loss).backward()
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                loss.backward()
-                self.optimizer.step()
-            self.step_in_epoch += 1
-            self.global_step += 1
-            self._steps_this_process += 1
-            if self.ctx.is_main and self.global_step % t.log_every_steps == 0:
-                self._log_progress(loss, lr)
-            if self.global_step % t.preempt_check_every_steps == 0:
-                self._check_preemption()
+        local_epoch, start = self.epoch - self.phase_start_epoch, self.step_in_epoch
+        lrs = [self.schedule.lr(local_epoch, s, self.steps_per_epoch) for s in range(self.steps_per_epoch)]
+        self.state.begin_epoch(lrs, start)
+        self.step.host_lrs = lrs
+        self.clock.start("train")
+        if self.data.in_memory:
+            made = self._next_tables.pop((self.phase, self.epoch), None)
+            self.plan = self.step.plan = self.feed.epoch_plan(self.sampler, self.epoch, t.batch_size, out=self.plan,
+                                                              tables=made)
+            for step in range(start, self.steps_per_epoch):
+                kind = "full" if step < self.plan.full_steps else "last"
+                self.step.host_step = step
+                if self.runner is not None:
+                    self.runner.run(kind)
+                else:
+                    self.step.body(kind)
+                self._after_step(lrs[step])
+            if self.epoch + 1 < (t.epochs if self.phase == "main" else self.total_epochs):
+                # The next epoch's tables, made on the CPU while the GPU works through this one's steps.
+                self._next_tables = {(self.phase, self.epoch + 1): self.feed.plan_tables(
+                    self.sampler, self.epoch + 1, t.batch_size)}
+        else:
+            for x, y, y_global in self.feed.train_batches(self.sampler, self.epoch, t.batch_size, start):
+                self.step.host_step = self.step_in_epoch
+                self.step.compute(x, y, y_global)
+                self._after_step(lrs[self.step.host_step])
+        self.clock.stop("train", max(0, self.sampler.num_samples - start * t.batch_size))
         self.epoch += 1
         self.step_in_epoch = 0
 
-    def _log_progress(self, loss: Tensor, lr: float) -> None:
-        now = time.monotonic()
-        last_time, last_step = self._last_log
-        images_per_s = (self.global_step - last_step) * self.cfg.batch_size / max(now - last_time, 1e-9)
-        self._last_log = (now, self.global_step)
-        per_step = (now - self._timer_start) / max(self._steps_this_process, 1)
-        eta_s = int(per_step * (self.total_steps - self.global_step))
-        log.info("epoch %d/%d step %d/%d loss %.4f lr %.5f img/s %.0f eta %d:%02d:%02d",
-                 self.epoch + 1, self.total_epochs, self.step_in_epoch, self.steps_per_epoch, loss.item(), lr,
-                 images_per_s, eta_s // 3600, eta_s // 60 % 60, eta_s % 60)
+    def _after_step(self, lr: float) -> None:
+        t = self.cfg
+        self.step_in_epoch += 1
+        self.global_step += 1
+        self._last_lr = lr
+        if self.global_step % t.log_every_steps == 0:
+            self.progress.step_line(self.state, epoch=self.epoch, total_epochs=self.total_epochs,
+                                    step=self.step_in_epoch, steps=self.steps_per_epoch, global_step=self.global_step,
+                                    total_steps=self.total_steps, batch=t.batch_size, lr=lr)
+        elif self.device.type == "cuda":
+            self.progress.flush(wait=False)
+        if self.global_step % t.preempt_check_every_steps == 0:
+            flags = self.agreement.poll(self._my_flags())
+            if flags.nonfinite:
+                self._stop_nonfinite()
+            if flags.stop:
+                self._preempt(flags.requeue)
+            if flags.checkpoint and t.checkpoint_every_s:
+                self.save_checkpoint(wait=False)  # written in the background while training goes on
 
     # ------------------------------------------------------------------------------------------
-    # Preemption and checkpoints
+    # Agreement, preemption and checkpoints
     # ------------------------------------------------------------------------------------------
 
-    def _agree(self, *flags: bool) -> list[bool]:
-        """Element-wise OR of flags over all ranks (one all-reduce)."""
-        if not self.ctx.distributed:
-            return list(flags)
-        t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return [bool(v) for v in t.tolist()]
+    def _my_flags(self) -> Flags:
+        due = False
+        t = self.cfg
+        if self.ctx.is_main and t.checkpoint_every_s and not self._checkpoint_asked:
+            due = self._checkpoint_asked = time.monotonic() - self._last_checkpoint_s >= t.checkpoint_every_s
+        return Flags(stop=preempt.requested(), requeue=preempt.requeue_requested(), checkpoint=due,
+                     nonfinite=self.progress.nonfinite_at is not None)
 
-    def _check_preemption(self) -> None:
-        stop, by_requeue_signal = self._agree(preempt.requested(), preempt.requeue_requested())
-        if not stop:
-            return
+    def _stop_nonfinite(self) -> None:
+        where = self.progress.nonfinite_at or "on another rank"
+        message = (
+            f"the training loss is not finite (nan or inf), first seen at {where}; stopped after "
+            f"{self.global_step} optimizer steps (checkpoints in {self.run_dir} predate it). Lower train.optim.lr "
+            "(or lengthen its warm-up), use amp bf16 rather than fp16, or check the data")
+        self._write_status(rundir.FAILED, exit_code=rundir.EXIT_FAILED, reason=message)
+        raise report.NonFiniteLoss(message)
+
+    def _preempt(self, by_requeue_signal: bool) -> None:
         mine = preempt.received()
         log.warning("preemption signal (%s) — checkpointing at epoch %d step %d",
                     ",".join(mine) if mine else "on another rank", self.epoch, self.step_in_epoch)
-        path = self.save_checkpoint()
+        path = self.save_checkpoint(wait=True)  # written and fsynced before any requeue or exit
         s = self.spec.slurm
         requeued, message = False, ""
         if self.ctx.is_main:
@@ -314,7 +374,7 @@ class Trainer:
                 requeued, message = preempt.requeue(decision.job_id)
             else:
                 message = f"not requeued: {decision.reason}"
-        requeued = self._agree(requeued)[0]  # rank 0's outcome, on every rank
+        requeued = self.agreement.agree_any(requeued)  # rank 0's outcome, on every rank
         if requeued:
             summary = f"checkpoint {path.name} written; job requeued ({message or 'by rank 0'})"
         else:
@@ -326,171 +386,59 @@ class Trainer:
             log.warning(summary)
         raise preempt.Preempted(requeued=requeued, message=summary, checkpoint=str(path))
 
-    def _gather_rng(self) -> list[dict[str, Any]]:
-        mine = ckpt.rng_state()
-        if not self.ctx.distributed:
-            return [mine]
-        every: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(every, mine)
-        return every
-
-    def save_checkpoint(self) -> Path:
-        """All ranks take part (RNG states are gathered); rank 0 writes; returns the path."""
+    def save_checkpoint(self, *, wait: bool = True) -> Path:
+        """All ranks take part (RNG states are gathered); rank 0 writes — in the background unless
+        ``wait`` (then the file is on disk on return, every rank past it); returns the path."""
         path = ckpt.checkpoint_path(self.run_dir, self.global_step)
-        if self._saved_at_step == self.global_step:
-            return path
-        rng = self._gather_rng()
-        if self.ctx.distributed:
-            broadcast_buffers(self.model)  # the BatchNorm statistics saved are the ones every rank uses
-        self.sampler.epoch, self.sampler.step = self.epoch, self.step_in_epoch
-        if self.ctx.is_main:
-            state = {
-                "format": ckpt.FORMAT_VERSION, "phase": self.phase, "epoch": self.epoch,
-                "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                "steps_per_epoch": self.steps_per_epoch, "world_size": self.ctx.world_size,
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-                "scheduler": self.schedule.state_dict(), "sampler": self.sampler.state_dict(),
-                "rng": rng, "best": self.best, "last": self.last, "train_counts": self.counts,
-                "stage1": self.stage1,
-            }
-            ckpt.save_atomic(state, path)
-            ckpt.prune(self.run_dir, self.cfg.keep_checkpoints)
-        if self.ctx.distributed:
-            barrier(self.device)
-        self._saved_at_step = self.global_step
+        if self._saved_at_step != self.global_step:
+            state = snapshots.trainer_state(self)  # every rank: RNG states are gathered, buffers broadcast
+            self.checkpointer.save(state if self.ctx.is_main else {}, self.global_step, wait=False)
+            self._saved_at_step = self.global_step
+            self._last_checkpoint_s, self._checkpoint_asked = time.monotonic(), False
+        if wait:
+            self.checkpointer.wait()
+            self.agreement.barrier()
         return path
 
     # ------------------------------------------------------------------------------------------
-    # Evaluation
+    # Evaluation and the end
     # ------------------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def evaluate(self, split: str, heads: dict[str, Callable[[Tensor], Tensor]]) -> dict[str, tuple[list, list]]:
-        """Per-class [correct, count] of each head (features → logits) on this rank's unpadded shard of
-        ``split``, summed over ranks in one all-reduce."""
-        model = self.model
-        if self.ctx.distributed:
-            broadcast_buffers(model)  # every rank evaluates the model rank 0 saves
-        was_training = model.training
-        model.eval()
-        table = torch.zeros(len(heads), 2, self.data.num_classes, dtype=torch.int64, device=self.device)
-        counters = [ClassCounter(self.data.num_classes, self.device) for _ in heads]
-        for x, y in self.feed.eval_batches(split, self.cfg.eval_batch_size):
-            with self._autocast():
-                features = model.backbone(x)
-            for counter, head in zip(counters, heads.values()):
-                counter.update(head(features.float()).argmax(dim=1), y)
-        for i, counter in enumerate(counters):
-            table[i] = counter.table
-        if self.ctx.distributed:
-            dist.all_reduce(table, op=dist.ReduceOp.SUM)
-        model.train(was_training)
-        out = table.cpu().tolist()
-        return {name: (out[i][0], out[i][1]) for i, name in enumerate(heads)}
+    def heads(self) -> dict[str, Head]:
+        return self.evaluator.heads()
 
-    def _heads(self) -> dict[str, Callable[[Tensor], Tensor]]:
-        classifier = self.model.classifier
-        heads: dict[str, Callable[[Tensor], Tensor]] = {"plain": lambda f: classifier(f.to(classifier.weight.dtype))}
-        tau = self.cfg.loss.posthoc_tau
-        if tau is not None:
-            heads["posthoc"] = lambda f: posthoc_adjust(classifier(f).float(), self.counts, tau)
-        return heads
+    def evaluate(self, split: str, heads: dict[str, Head]) -> dict[str, tuple[list, list]]:
+        """Per-class [correct, count] of each head on ``split``, summed over ranks (one host read)."""
+        return self.evaluator.evaluate({split: heads})[split]
 
-    def _record(self, summary: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        return {"epoch": self.epoch, "global_step": self.global_step, "phase": self.phase, "split": "test",
-                **extra, **summary, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-
-    def _evaluate_and_record(self) -> None:
-        """Test metrics every evaluation; with a held-out split also its metrics, and the best epoch is
-        the one with the best held-out balanced accuracy (classifier-balancing selects on val and reports
-        test there; on a balanced held-out split balanced accuracy is its top-1). Without one, the best
-        test top-1, as LDAM-DRW reports."""
-        results = self.evaluate("test", self._heads())
-        record = self._record(summarize(*results["plain"], self.counts))
-        if "posthoc" in results:
-            record["posthoc"] = {"tau": self.cfg.loss.posthoc_tau, **summarize(*results["posthoc"], self.counts)}
-        if self.data.val is not None:
-            held_out = summarize(*self.evaluate("val", {"plain": self._heads()["plain"]})["plain"], self.counts)
-            record["val"] = {k: held_out[k] for k in ("top1", "balanced", "many", "medium", "few")}
-        score = (lambda r: r["val"]["balanced"]) if "val" in record else (lambda r: r["top1"])
-        if self.best is None or score(record) > score(self.best):
-            self.best = record
-        self.last = record
-        if self.ctx.is_main:
-            append_jsonl(self.run_dir / "metrics.jsonl", record)
-            log.info("epoch %d/%d %s: top-1 %.2f balanced %.2f many %s medium %s few %s (best: epoch %d, test top-1 "
-                     "%.2f, chosen on %s)", self.epoch, self.total_epochs, self.phase, 100 * record["top1"],
-                     100 * record["balanced"], _fmt(record["many"]), _fmt(record["medium"]), _fmt(record["few"]),
-                     self.best["epoch"], 100 * self.best["top1"], "val" if "val" in record else "test")
-
-    def _tau_normalise(self) -> dict[str, Any] | None:
-        """τ-normalise the stage-1 classifier, evaluated with the stage-1 BatchNorm statistics
-        (:mod:`.two_stage`); without cRT stage 1 is the current model."""
-        stage1 = self.stage1 or two_stage.snapshot(self.model)
-        heads = two_stage.tau_heads(stage1["classifier"], self.device)
-        if heads is None:
-            log.warning("two_stage.tau_norm needs a linear classifier; skipped")
-            return None
-        with two_stage.backbone_buffers(self.model, stage1["backbone_buffers"]):
-            val = self.evaluate("val", heads)
-            scores = {tau: summarize(*val[str(tau)], self.counts)["balanced"] for tau in TAU_GRID}
-            best_tau = max(TAU_GRID, key=lambda tau: (scores[tau], -tau))  # ties: the smaller τ
-            test = self.evaluate("test", {"tau": heads[str(best_tau)]})
-        self.phase = "tau_norm"
-        record = self._record(summarize(*test["tau"], self.counts), tau=best_tau,
-                              val_balanced={str(k): v for k, v in scores.items()})
-        if self.ctx.is_main:
-            append_jsonl(self.run_dir / "metrics.jsonl", record)
-            log.info("tau-normalisation: tau=%.1f chosen on the held-out split (balanced %.2f); test top-1 %.2f",
-                     best_tau, 100 * scores[best_tau], 100 * record["top1"])
+    def evaluate_and_record(self) -> dict[str, Any]:
+        before = self.evaluator.images
+        self.clock.start("eval")
+        record = self.evaluator.evaluate_and_record(epoch=self.epoch, total_epochs=self.total_epochs,
+                                                    global_step=self.global_step, phase=self.phase,
+                                                    has_val=self.data.val is not None)
+        self.clock.stop("eval", self.evaluator.images - before)
         return record
 
-    # ------------------------------------------------------------------------------------------
-    # The end
-    # ------------------------------------------------------------------------------------------
-
     def _finish(self, tau_record: dict[str, Any] | None) -> dict[str, Any]:
-        def brief(r: dict[str, Any] | None) -> dict[str, Any] | None:
-            if r is None:
-                return None
-            keys = ("epoch", "phase", "tau", "top1", "balanced", "many", "medium", "few", "per_class", "val")
-            return {k: r[k] for k in keys if k in r}
-
-        summary = {
-            "run_dir": str(self.run_dir), "dataset": self.data.name, "num_classes": self.data.num_classes,
-            "epochs": self.total_epochs, "global_step": self.global_step, "world_size": self.ctx.world_size,
-            "train_counts": self.counts, "group_sizes": group_sizes(self.counts),
-            "best": brief(self.best), "last": brief(self.last), "tau_norm": brief(tau_record),
-            "posthoc": (self.last or {}).get("posthoc"), "table": None,
-        }
-        if self.ctx.is_main:
-            chosen = " on val" if "val" in (self.best or {}) else ""
-            rows = {f"best{chosen} (ep {self.best['epoch']})": self.best, "last": self.last} if self.best else {}
-            if summary["posthoc"]:
-                rows[f"post-hoc tau={summary['posthoc']['tau']:g}"] = summary["posthoc"]
-            if tau_record:
-                rows[f"tau-norm {tau_record['tau']:.1f}"] = tau_record
-            summary["table"] = (f"{self.data.name}: accuracy (%) on the test split; many >100 / medium / "
-                                f"few <20 training images\n" + format_table(rows, self.counts))
-            print("\n" + summary["table"], flush=True)
-            final = tau_record or self.last
-            if final is not None:
-                plot_per_class(self.run_dir / "per_class_accuracy.png", final["per_class"], self.counts,
-                               f"{self.data.name}: per-class accuracy ({final['phase']})")
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        timing = self.clock.timing(self.total_epochs - self._first_epoch)
+        timing["cuda_graphs"] = {"on": self.captured, "reason": self.graphs_reason,
+                                 "captured": sorted(self.runner.graphs) if self.runner else [],
+                                 "fell_back": self.runner.failed if self.runner else None}
+        if self.cfg.compile:
+            timing["compiled_graphs"] = graphs.compiled_graphs()
+        timing["checkpoint_stall_ms_max"] = round(1000 * max(self.checkpointer.stall_s, default=0.0), 2)
+        summary = report.finish(run_dir=self.run_dir, data_name=self.data.name, num_classes=self.data.num_classes,
+                                total_epochs=self.total_epochs, global_step=self.global_step,
+                                world_size=self.ctx.world_size, counts=self.counts, best=self.best, last=self.last,
+                                tau_record=tau_record, timing=timing, is_main=self.ctx.is_main)
         self._write_status(rundir.COMPLETED, exit_code=rundir.EXIT_OK)
         return summary
 
-    def _write_status(self, state: str, exit_code: int | None = None) -> None:
+    def _write_status(self, state: str, exit_code: int | None = None, **extra: Any) -> None:
         """Rank 0 records the run's state and progress in the run directory (its owner: hpc_train.rundir)."""
-        if not self.ctx.is_main:
-            return
-        instance, restart = rundir.instance_of()
-        rundir.append_event(self.run_dir, state, writer="trainer", instance=instance, restart=restart,
-                            epoch=self.epoch, step_in_epoch=self.step_in_epoch, global_step=self.global_step,
-                            total_epochs=self.total_epochs, exit_code=exit_code)
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f}"
+        if self.ctx.is_main:
+            instance, restart = rundir.instance_of()
+            rundir.append_event(self.run_dir, state, writer="trainer", instance=instance, restart=restart,
+                                epoch=self.epoch, step_in_epoch=self.step_in_epoch, global_step=self.global_step,
+                                total_epochs=self.total_epochs, exit_code=exit_code, **extra)

@@ -31,6 +31,12 @@ from torch import Tensor, nn
 from ..config import LossConfig
 
 
+def target_mask(target: Tensor, num_classes: int) -> Tensor:
+    """``(b, C)`` booleans, True at each sample's target class: ``F.one_hot(target, C).bool()`` without
+    one_hot's range check, which reads the targets' min and max back to the host on the CPU."""
+    return target[:, None] == torch.arange(num_classes, device=target.device)[None, :]
+
+
 def class_balanced_weights(counts: Sequence[int] | Tensor, beta: float) -> Tensor:
     """Cui et al. 2019: w_c = (1 - β) / (1 - β^n_c), normalised to sum to C (float64 for the small
     1 - β^n; classes without images get weight 0)."""
@@ -84,6 +90,12 @@ class LongTailLoss(nn.Module):
         """``(b,)`` loss values, each weighted by its target's class weight where the loss is weighted."""
         raise NotImplementedError
 
+    def reserve(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Allocate :meth:`normaliser`'s scratch for global batches up to ``batch`` now: a captured step
+        must not allocate state that outlives it."""
+        if self._zeros.shape[0] < batch or self._zeros.dtype != dtype or self._zeros.device != device:
+            self._zeros = torch.zeros(batch, self.num_classes, dtype=dtype, device=device)
+
     def normaliser(self, global_target: Tensor, dtype: torch.dtype) -> Tensor:
         """D: the global batch's summed target weights, or its size. The sum is the second output of
         ``nll_loss`` itself, so a rank holding the whole global batch (world size 1) divides by exactly
@@ -91,8 +103,7 @@ class LongTailLoss(nn.Module):
         n = global_target.numel()
         if not self.normalise_by_weight:
             return torch.full((), n, dtype=dtype, device=global_target.device)
-        if self._zeros.shape[0] < n or self._zeros.dtype != dtype or self._zeros.device != global_target.device:
-            self._zeros = torch.zeros(n, self.num_classes, dtype=dtype, device=global_target.device)
+        self.reserve(n, dtype, global_target.device)
         weight = self.class_weights.to(dtype)
         return torch.ops.aten.nll_loss_forward(self._zeros[:n], global_target, weight, 1, -100)[1]
 
@@ -141,7 +152,7 @@ class LDAMLoss(LongTailLoss):
 
     def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
-        is_target = F.one_hot(target, logits.shape[1]).bool()
+        is_target = target_mask(target, logits.shape[1])
         adjusted = torch.where(is_target, logits - self.margins.to(logits.dtype)[None, :], logits)
         return F.cross_entropy(self.scale * adjusted, target, weight=weight, reduction="none")
 
@@ -187,9 +198,13 @@ def build_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1) -> L
     return LOSSES[cfg.name](counts, cfg, world_size)
 
 
+def log_prior(counts: Sequence[int], dtype: torch.dtype = torch.float32,
+              device: torch.device | None = None) -> Tensor:
+    """log π_c, the empirical class prior of the training counts (a class without images counts as 1)."""
+    total = float(sum(counts))
+    return torch.tensor([math.log(max(c, 1) / total) for c in counts], dtype=dtype, device=device)
+
+
 def posthoc_adjust(logits: Tensor, counts: Sequence[int], tau: float) -> Tensor:
     """Post-hoc logit adjustment (Menon et al.): predict argmax of logits - τ·log π_c."""
-    total = float(sum(counts))
-    log_prior = torch.tensor([math.log(max(c, 1) / total) for c in counts], dtype=logits.dtype,
-                             device=logits.device)
-    return logits - tau * log_prior
+    return logits - tau * log_prior(counts, logits.dtype, logits.device)

@@ -11,9 +11,13 @@ own positions (``[rank::world_size]``), so an image gets the same augmentation a
 epoch resumed mid-way (at any world size, on any device) sees exactly the augmentations it would have
 seen. At world size 1 the draws are those of the rank-keyed scheme before it (rank 0).
 
+An epoch of an in-memory set is planned up front (:class:`EpochPlan`): its indices and augmentation
+draws are made on the CPU and copied to the device once, and the trainer's step reads its row by a
+position held on the device — no host-to-device copy and no host work per step.
+
 On-disk sets (list files, ImageFolder) use a DataLoader per split with our batch sampler, pinned
-memory on CUDA and persistent workers; augmentation is torchvision's RandomResizedCrop + flip (+ color
-jitter), run under a per-sample seed drawn the same way, so the workers' own RNG plays no part.
+memory on CUDA and persistent workers (:mod:`.file_batches`); augmentation is torchvision's
+RandomResizedCrop + flip (+ color jitter), run under a per-sample seed drawn the same way.
 
 Every training batch comes with the targets of its whole global batch: the losses normalise over them.
 """
@@ -21,13 +25,15 @@ Every training batch comes with the targets of its whole global batch: the losse
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 import torch.utils.data
 from torch import Tensor
 
-from .datasets import ArraySplit, DataSource, FileSplit
+from .datasets import ArraySplit, DataSource
+from .file_batches import FileImages, _CollateOrEmpty, _IndexBatches, _ShardBatches, _transforms
 from .samplers import GlobalSampler, derive_seed, eval_shard
 
 TrainBatch = tuple[Tensor, Tensor, Tensor]
@@ -128,95 +134,41 @@ class DeviceImages:
             return self._normalise(self.images[idx]), self.labels[idx]
 
 
-# --------------------------------------------------------------------------------------------------
-# On-disk images
-# --------------------------------------------------------------------------------------------------
+@dataclass
+class EpochPlan:
+    """One epoch of one rank's training batches as index tables on the device. Step ``s`` of the epoch
+    is row ``s`` of ``idx`` / ``whole`` / ``coords`` while the global batch is full, and the ``last_*``
+    tensors for the short last one, so a step finds its batch by a position held on the device and
+    needs nothing from the host — what a CUDA graph replays. :meth:`Feed.epoch_plan` refills the same
+    tensors every epoch."""
 
+    steps: int
+    """Global steps of the epoch (the last may be short)."""
+    full_steps: int
+    idx: Tensor
+    """``(full_steps, B / W)`` this rank's image indices of each full global batch."""
+    whole: Tensor
+    """``(full_steps, B)`` the global batch's image indices (the losses normalise over its targets)."""
+    coords: Tensor | None
+    """``(full_steps, B / W, 3)`` augmentation windows (flip, top, left); None without augmentation."""
+    last_idx: Tensor | None = None
+    last_whole: Tensor | None = None
+    last_coords: Tensor | None = None
 
-class FileImages(torch.utils.data.Dataset):
-    """Images of a file split. A training item is ``(index, seed)``: the transform's random draws (from
-    torch's global generator, as torchvision's transforms make them) run under that seed."""
+    def fits(self, host: dict[str, Tensor | None]) -> bool:
+        """The tables of ``host`` have this plan's shapes (so they can be copied in place)."""
+        def same(a: Tensor | None, b: Tensor | None) -> bool:
+            return (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape)
 
-    def __init__(self, split: FileSplit, transform) -> None:
-        self.split, self.transform = split, transform
+        keys = ("idx", "whole", "coords", "last_idx", "last_whole", "last_coords")
+        return all(same(getattr(self, k), host.get(k)) for k in keys)
 
-    def __len__(self) -> int:
-        return len(self.split)
-
-    def __getitem__(self, item: int | tuple[int, int]):
-        from PIL import Image
-
-        i, seed = item if isinstance(item, tuple) else (item, None)
-        path = self.split.root / self.split.paths[i]
-        try:
-            with Image.open(path) as img:
-                image = img.convert("RGB")
-        except OSError as exc:
-            raise RuntimeError(f"cannot read image {path}: {exc}") from None
-        if seed is None:
-            return self.transform(image), int(self.split.labels[i])
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return self.transform(image), int(self.split.labels[i])
-
-
-def _transforms(size: int, mean, std, train: bool, color_jitter: float = 0.0):
-    from torchvision import transforms as T
-
-    if train:
-        jitter = [T.ColorJitter(color_jitter, color_jitter, color_jitter, 0)] if color_jitter > 0 else []
-        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *jitter, T.ToTensor(),
-                          T.Normalize(mean, std)])
-    return T.Compose([T.Resize(int(round(size * 256 / 224))), T.CenterCrop(size), T.ToTensor(), T.Normalize(mean, std)])
-
-
-def augment_seeds(seed: int, epoch: int, step: int, global_size: int) -> Tensor:
-    """One seed per position of a global batch, for file sets' per-sample transforms."""
-    gen = torch.Generator().manual_seed(derive_seed("augment-files", seed, epoch, step))
-    return torch.randint(0, 2**62, (global_size,), generator=gen)
-
-
-class _ShardBatches(torch.utils.data.Sampler):
-    """Batch sampler of one rank's share of every global batch, as ``(index, augmentation seed)``
-    items; the trainer sets (epoch, start_step) before each epoch."""
-
-    def __init__(self, sampler: GlobalSampler, rank: int, world_size: int, batch: int, seed: int) -> None:
-        self.sampler, self.rank, self.world_size, self.batch, self.seed = sampler, rank, world_size, batch, seed
-        self.epoch, self.start_step = 0, 0
-
-    def __iter__(self):
-        batches = self.sampler.batches(self.epoch, self.rank, self.world_size, self.batch, self.start_step)
-        for step, (idx, whole) in enumerate(batches, self.start_step):
-            seeds = augment_seeds(self.seed, self.epoch, step, len(whole))[self.rank::self.world_size]
-            yield list(zip(idx.tolist(), seeds.tolist()))
-
-    def __len__(self) -> int:
-        return self.sampler.steps_per_epoch(self.batch) - self.start_step
-
-
-class _CollateOrEmpty:
-    """default_collate, and an empty batch of the right shape for a rank with no image in a step (the
-    last, short global batch of an epoch can have fewer images than ranks)."""
-
-    def __init__(self, image_size: int) -> None:
-        self.image_size = image_size
-
-    def __call__(self, items):
-        if not items:
-            return torch.zeros(0, 3, self.image_size, self.image_size), torch.zeros(0, dtype=torch.int64)
-        return torch.utils.data.default_collate(items)
-
-
-class _IndexBatches(torch.utils.data.Sampler):
-    def __init__(self, indices: range, batch: int) -> None:
-        self.indices, self.batch = indices, batch
-
-    def __iter__(self):
-        for start in range(0, len(self.indices), self.batch):
-            yield list(self.indices[start: start + self.batch])
-
-    def __len__(self) -> int:
-        return -(-len(self.indices) // self.batch)
+    def rows(self, step: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(idx, whole, coords) of ``step``, indexed on the host (the eager one-batch-at-a-time path)."""
+        if step < self.full_steps:
+            return self.idx[step], self.whole[step], None if self.coords is None else self.coords[step]
+        assert self.last_idx is not None and self.last_whole is not None
+        return self.last_idx, self.last_whole, self.last_coords
 
 
 # --------------------------------------------------------------------------------------------------
@@ -236,6 +188,7 @@ class Feed:
         self.color_jitter = color_jitter
         self._mem: dict[str, DeviceImages] = {}
         self._loaders: dict[tuple, torch.utils.data.DataLoader] = {}
+        self._eval: dict[str, tuple[Tensor, Tensor]] = {}
         self._aug = dict(mean=data.mean, std=data.std, crop_padding=crop_padding, flip=flip,
                          channels_last=channels_last)
 
@@ -284,39 +237,80 @@ class Feed:
         loader.batch_sampler.epoch, loader.batch_sampler.start_step = epoch, start_step
         labels = torch.from_numpy(self.data.train.labels)
         wholes = (whole for _, whole in sampler.batches(epoch, self.rank, self.world_size, batch_size, start_step))
+        pin = self.device.type == "cuda"  # a copy from pageable memory would wait for the GPU's queue first
         for (x, y), whole in zip(loader, wholes):
             x, y = self._to_device(x, y)
-            yield x, y, labels[whole].to(self.device, non_blocking=True)
+            global_y = labels[whole]
+            yield x, y, (global_y.pin_memory() if pin else global_y).to(self.device, non_blocking=True)
 
     def _memory_train_batches(self, sampler: GlobalSampler, epoch: int, batch_size: int,
                               start_step: int) -> Iterator[TrainBatch]:
-        """The epoch's indices and augmentation draws are made on the CPU up front (from the same per-step
-        generators as one batch at a time) and copied to the device once: no host-to-device copy per
-        step, which on a GPU would also wait for the step before it."""
+        """One batch at a time from the epoch's :class:`EpochPlan` (the trainer's step reads the plan
+        itself, by a device-side position)."""
         images = self._device_split("train")
-        steps = list(sampler.batches(epoch, self.rank, self.world_size, batch_size, start_step))
-        if not steps:
-            return
-        mine = slice(self.rank, None, self.world_size)
+        plan = self.epoch_plan(sampler, epoch, batch_size)
+        for step in range(start_step, plan.steps):
+            idx, whole, coords = plan.rows(step)
+            x, y = images.apply(idx, coords)
+            yield x, y, images.labels[whole]
+
+    def train_images(self) -> DeviceImages:
+        """The training split on the device (in-memory sets only)."""
+        return self._device_split("train")
+
+    def plan_tables(self, sampler: GlobalSampler, epoch: int, batch_size: int) -> dict[str, Tensor | None]:
+        """The host side of :meth:`epoch_plan`: the epoch's tables on the CPU, made from the same
+        per-step generators as always (the trainer makes the next epoch's while the GPU runs this one)."""
+        images = self._device_split("train")
+        seq = sampler.global_sequence(epoch)
+        n, b, w, r = len(seq), batch_size, self.world_size, self.rank
+        full = n // b
+
         def draw(step: int, size: int) -> Tensor | None:
             # The trailing 0 is where the rank went: world size 1 keeps the draws it always had.
             return images.draw(size, torch.Generator().manual_seed(derive_seed("augment", self.seed, epoch, step, 0)))
 
-        draws = [draw(step, len(whole)) for step, (_, whole) in enumerate(steps, start_step)]
-        epoch_idx = self._upload(torch.cat([idx for idx, _ in steps]))
-        epoch_whole = self._upload(torch.cat([whole for _, whole in steps]))
-        coords = None if draws[0] is None else self._upload(torch.cat([d[mine] for d in draws]))
-        start = whole_start = 0
-        for idx, whole in steps:
-            part, whole_part = slice(start, start + len(idx)), slice(whole_start, whole_start + len(whole))
-            start, whole_start = start + len(idx), whole_start + len(whole)
-            x, y = images.apply(epoch_idx[part], None if coords is None else coords[part])
-            yield x, y, images.labels[epoch_whole[whole_part]]
-
-    def _upload(self, t: Tensor) -> Tensor:
+        whole = seq[:full * b].view(full, b)
+        draws = [draw(step, b) for step in range(full)]
+        host = {"idx": whole[:, r::w].contiguous(), "whole": whole.contiguous(),
+                "coords": None if images.windows is None else (
+                    torch.stack([d[r::w] for d in draws]) if draws else torch.zeros(0, b // w, 3, dtype=torch.int64))}
+        if n > full * b:
+            last = seq[full * b:]
+            d = draw(full, len(last))
+            host.update(last_idx=last[r::w].contiguous(), last_whole=last.contiguous(),
+                        last_coords=None if d is None else d[r::w].contiguous())
         if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
+            host = {k: None if v is None else v.pin_memory() for k, v in host.items()}
+        return host
+
+    def epoch_plan(self, sampler: GlobalSampler, epoch: int, batch_size: int, out: EpochPlan | None = None,
+                   tables: dict[str, Tensor | None] | None = None) -> EpochPlan:
+        """The epoch's batches as index tables on the device (see :class:`EpochPlan`), copied in one go
+        from :meth:`plan_tables` (or ``tables``, made earlier); into ``out``'s tensors, in place, when
+        their shapes match (a captured step keeps reading the same addresses). The copies are queued
+        behind the steps already launched, so those still read the previous epoch's tables."""
+        host = tables if tables is not None else self.plan_tables(sampler, epoch, batch_size)
+        n, b = sampler.num_samples, batch_size
+        plan = out if out is not None and out.fits(host) else EpochPlan(
+            steps=-(-n // b), full_steps=n // b,
+            **{k: None if v is None else torch.empty_like(v, device=self.device) for k, v in host.items()})
+        for key, value in host.items():
+            if value is not None:
+                getattr(plan, key).copy_(value, non_blocking=True)
+        return plan
+
+    def eval_tensors(self, which: str) -> tuple[Tensor, Tensor]:
+        """This rank's unpadded shard of an in-memory split, normalised on the device once and kept: every
+        evaluation then only slices it. (Normalising the whole shard runs the same operations as batch by
+        batch, so the values are bit-identical.)"""
+        key = f"eval:{which}"
+        if key not in self._eval:
+            shard = eval_shard(len(getattr(self.data, which)), self.rank, self.world_size)
+            x, y = self._device_split(which).plain(slice(shard.start, shard.stop, shard.step))
+            self._eval[key] = (x.contiguous(memory_format=torch.channels_last) if self.channels_last
+                               else x.contiguous(), y.contiguous())
+        return self._eval[key]
 
     def eval_batches(self, which: str, batch: int) -> Iterator[tuple[Tensor, Tensor]]:
         split = getattr(self.data, which)

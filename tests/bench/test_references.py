@@ -127,7 +127,7 @@ def test_reference_validate_matches_our_exact_evaluation(tmp_path):
     data = small_data()
     spec = ours.recipe_spec(device="cpu", batch_size=32, num_threads=1)
     _, trainer = _our_losses(spec, data, tmp_path)  # trained weights: predictions are not all one class
-    correct, count = trainer.evaluate("test", trainer._heads())["plain"]
+    correct, count = trainer.evaluate("test", trainer.heads())["plain"]
     mine = [c / n for c, n in zip(correct, count)]
     test_set = reference.CifarLikeDataset(data.test.images, data.test.labels, reference.eval_transform())
     loader = torch.utils.data.DataLoader(test_set, batch_size=100, shuffle=False, num_workers=0)
@@ -149,8 +149,9 @@ def test_reference_learning_rate_is_our_schedule():
 
 
 def test_gpu_script_runs_end_to_end_on_cpu(tmp_path):
-    """benchmarks/gpu.py in its smoke mode (CPU, gloo, a few hundred images): every side runs, the
-    report has the figures the GPU run would fill in and says the goals do not apply to it."""
+    """benchmarks/gpu.py in its smoke mode (CPU, a few hundred images): every stage prints its JSON line
+    as it ends, the report has the figures the GPU run would fill in, says the goals do not apply, and
+    names the variants that run on the GPU only."""
     import json
     import subprocess
     import sys
@@ -163,12 +164,14 @@ def test_gpu_script_runs_end_to_end_on_cpu(tmp_path):
                           env=child_env(HPC_TRAIN_SITE=str(tmp_path / "site.yaml"), OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    stages = [json.loads(line)["stage"] for line in proc.stdout.splitlines() if line.startswith('{"stage"')]
+    assert stages == ["data", "first_epoch:eager", "first_epoch:reference", "round:1", "done"], stages
     report = json.loads(out.read_text())
-    assert report["measured"] and report["backend"] == "gloo"
-    assert set(report["sides"]) == {"ours_bf16_cl", "reference"}
+    assert report["measured"] and set(report["sides"]) == {"eager", "reference"}
+    assert set(report["skipped"]) == {"captured", "compiled_captured"}
     for side in report["sides"].values():
         assert side["train_images_per_s"] > 0 and side["projected_200_epochs_s"] > 0
-    assert "ours_bf16_cl_vs_reference" in report["ratios"]
+    assert "eager_vs_reference" in report["ratios"]
     assert isinstance(report["goals"], str) and "not applicable" in report["goals"]
 
 
@@ -182,3 +185,20 @@ def test_scaling_model_numbers():
     assert scaling.efficiency(3.0, 1.0, overlap=True) == pytest.approx(1.0)  # hidden behind the 2 s backward
     counts = scaling.parameter_counts()
     assert counts == {"resnet32": 464_154, "resnet50": 25_557_032}
+
+
+def test_gpu_session_script_is_clean_shell():
+    """benchmarks/gpu_session.sh (run by hand on a GPU machine; its --cpu-smoke mode is what BENCHMARKS.md
+    shows) parses and passes shellcheck: a typo must not cost a GPU session."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from benchmarks.common import REPO
+
+    script = REPO / "benchmarks" / "gpu_session.sh"
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout

@@ -72,7 +72,7 @@ run_event() {  # run_event EVENT [EXIT_CODE]
 }
 run_event running
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_C84537945E94'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_BF999AC1BB28'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -125,11 +125,14 @@ train:
   amp: 'off'
   channels_last: false
   compile: false
+  compile_cache_dir: null
+  cuda_graphs: auto
   cudnn_benchmark: true
   deterministic: false
   num_threads: null
   eval_every_epochs: 1
   checkpoint_every_epochs: 1
+  checkpoint_every_s: null
   keep_checkpoints: 2
   log_every_steps: 20
   preempt_check_every_steps: 10
@@ -193,7 +196,7 @@ train:
     crt_bn: reestimate
     crt_lr_update: epoch
     tau_norm: false
-HPC_TRAIN_JOB_C84537945E94
+HPC_TRAIN_JOB_BF999AC1BB28
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then

@@ -58,7 +58,7 @@ def main() -> None:
                       distributed=distributed)
     trainer = Trainer(job, ctx, data, out / f"run-w{env.world_size}-r{env.rank}")
     perturb(trainer.model)
-    correct, count = trainer.evaluate("test", trainer._heads())["plain"]
+    correct, count = trainer.evaluate("test", trainer.heads())["plain"]
     shards = {}
     for name in SAMPLERS:
         sampler = GlobalSampler(data.train.labels, data.num_classes, name=name, seed=5, progressive_epochs=3,

@@ -4,6 +4,7 @@ the submitit callable. (Multi-process behaviour: test_distributed.py and test_re
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 from pathlib import Path
@@ -39,6 +40,9 @@ def _one_or_two_lines_no_traceback(err: str) -> None:
     (["train.two_stage.tau_norm=true"], "never on test"),
     (["train.loss.name=ldam"], "presumes the cosine classifier's logits in [-1, 1]"),
     (["train.data.color_jitter=-0.1"], "color_jitter must be >= 0"),
+    (["train.cuda_graphs=on"], "train.cuda_graphs=on but the device is the CPU"),
+    (["train.cuda_graphs=sometimes"], "train.cuda_graphs: must be one of"),
+    (["train.checkpoint_every_s=0"], "train.checkpoint_every_s must be > 0"),
     (["train.data.name=list", "train.data.train_list=a.txt", "train.data.test_list=b.txt",
       "train.data.root=/nonexistent"], "list file not found: /nonexistent/a.txt"),
 ])
@@ -117,6 +121,17 @@ def test_run_directory_outputs(tmp_path, capsys):
         assert r["many"] == pytest.approx(sum(many) / len(many))
         assert set(r["posthoc"]) >= {"tau", "top1", "balanced", "many", "medium", "few", "per_class"}
     summary = json.loads((run_dir / "summary.json").read_text())
+    # The end line of rank 0, and the same figures in the summary.
+    end = re.search(r"^3 epochs in ([\d.]+) s \(train ([\d,]+) img/s, eval ([\d,]+) img/s, set-up ([\d.]+) s\)$", out,
+                    re.M)
+    timing = summary["timing"]
+    assert end and summary["end_line"] == end.group(0), out[-500:]
+    assert float(end.group(1)) == pytest.approx(timing["wall_s"], abs=0.05) and timing["epochs"] == 3
+    assert int(end.group(2).replace(",", "")) == round(timing["train_images_per_s"])
+    assert int(end.group(3).replace(",", "")) == round(timing["eval_images_per_s"])
+    assert timing["train_images"] == 3 * sum(counts) and timing["eval_images"] == 2 * 500
+    assert 0 < timing["train_s"] + timing["eval_s"] <= timing["wall_s"] and timing["setup_s"] > 0
+    assert timing["cuda_graphs"]["on"] is False and "the device is cpu" in timing["cuda_graphs"]["reason"]
     assert summary["last"]["top1"] == records[-1]["top1"]
     assert summary["best"]["top1"] == max(r["top1"] for r in records)
     assert summary["train_counts"] == counts

@@ -67,7 +67,7 @@ def test_file_sets_augment_each_image_under_its_own_seed(list_root):
     # The transforms (RandomResizedCrop, flip, classifier-balancing's ColorJitter) run under the item's
     # seed: the same (image, seed) gives the same tensor in any process or worker, and torch's global
     # generator is left alone.
-    from hpc_train.train.pipeline import FileImages, _transforms
+    from hpc_train.train.file_batches import FileImages, _transforms
 
     root, _ = list_root
     data = datasets.load(DataConfig(name="list", root=str(root), train_list="train.txt", test_list="test.txt"))

@@ -1,5 +1,8 @@
-"""On-disk data sets: list files (ImageNet-LT, Places-LT, iNaturalist), ImageFolder trees, and staging a
-list-file set to node-local disk. The in-memory sets and the long-tail cut are :mod:`.datasets`."""
+"""On-disk data sets: list files (ImageNet-LT / Places-LT / iNaturalist) and ImageFolder trees, as
+:class:`~.datasets.FileSplit` path lists (DataLoader workers read the images, :mod:`.file_batches`), and
+the staging of list-file images to node-local disk. Missing or unreadable files raise
+:class:`~.datasets.DataError` (exit 2) naming what was expected.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from ..config import DataConfig
-from .datasets import (IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, DataError, DataSource, FileSplit, _take,
-                       _with_holdout, longtail_counts, longtail_indices)
+from .datasets import (IMAGENET_MEAN, IMAGENET_STD, DataError, DataSource, FileSplit, _take, _with_holdout,
+                       longtail_counts, longtail_indices)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
 
 
 def read_list_file(list_path: Path, image_root: Path) -> FileSplit:

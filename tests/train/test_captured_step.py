@@ -1,0 +1,341 @@
+"""The captured-step formulation, run on the CPU: the step CUDA graphs replay, checked where no GPU is.
+
+* Bit for bit main's loop: the trainer's step — epoch tables on the device indexed by a device position,
+  a tensor lr read by fused SGD, DRW weights switched in place, the non-finite flag — gives exactly the
+  weights of the engine it replaced (its loop written out below from the same building blocks: a
+  host-fed batch, a float lr, the for-loop SGD), over epochs with warm-up, two milestones, the DRW switch
+  and a one-image last batch every epoch; every step runs under the dispatcher guard.
+* The same through the graph bookkeeping (warm-up, capture, replay, the fallback after a failed capture),
+  with a fake that records each captured step and replays it.
+* A run stopped mid-epoch by a signal and resumed on that path ends with the uninterrupted weights.
+* Phase changes: the DRW switch updates what a captured step reads in place (same storage, new values);
+  cRT starts a new set of graphs on a new optimizer.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hpc_train import rundir  # noqa: E402
+from hpc_train.dist import DistEnv  # noqa: E402
+from hpc_train.train import checkpoint as ckpt  # noqa: E402
+from hpc_train.train import datasets, graphs, preempt  # noqa: E402
+from hpc_train.train.engine import RankContext, Trainer, default_crop_padding, default_flip, init_model  # noqa: E402
+from hpc_train.train.guard import HostSyncError, NoHostSync  # noqa: E402
+
+from .helpers import deep_update, digits_lt_counts, make_spec  # noqa: E402
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread, as launch.run gives a rank here (train.num_threads): on a busy 2-core machine
+    every 2-thread parallel region waits for both threads to be scheduled (BENCHMARKS.md), 10-50x slower.
+    Module-wide, so the reference weights are made with the thread count the trainer runs with (a
+    convolution's reductions split differently over threads: the bits differ)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+RECIPE = {
+    "epochs": 5, "batch_size": 32, "log_every_steps": 4, "keep_checkpoints": 20, "eval_every_epochs": 5,
+    "data": {"name": "digits-lt", "imbalance_factor": 20},  # 417 images: 13 batches of 32 and one of 1
+    "model": {"name": "small_cnn", "classifier": "cosine"},
+    "loss": {"name": "ldam", "drw_epoch": 3},
+    "optim": {"lr": 0.05, "weight_decay": 5e-4},
+    "schedule": {"name": "multistep", "warmup_epochs": 1, "milestones": [2, 4], "gamma": 0.1},
+}
+STEPS = 14
+
+
+def _main_loop(spec) -> dict:
+    """Main's engine (51e3fae) at world size 1, written out from the building blocks it used: batches
+    handed over by ``Feed.train_batches``, the lr set as a float on every group, ``torch.optim.SGD`` with
+    its default (for-loop) kernel on the CPU, zero_grad / backward / step."""
+    from hpc_train.train.losses import build_loss
+    from hpc_train.train.pipeline import Feed
+    from hpc_train.train.samplers import stage_sampler
+    from hpc_train.train.schedule import LrSchedule
+
+    t = spec.train
+    data = datasets.load(t.data)
+    model = init_model(t, data)
+    feed = Feed(data, torch.device("cpu"), rank=0, world_size=1, seed=t.seed,
+                crop_padding=default_crop_padding(t, data), flip=default_flip(t, data),
+                channels_last=t.channels_last, num_workers=0)
+    criterion = build_loss(t.loss, [int(c) for c in data.train_counts], 1)
+    sampler = stage_sampler(t, data.train.labels, data.num_classes, "main")
+    steps = sampler.steps_per_epoch(t.batch_size)
+    schedule = LrSchedule(t.schedule, t.optim.lr, t.epochs)
+    optimizer = torch.optim.SGD(model.parameters(), lr=t.optim.lr, momentum=t.optim.momentum,
+                                weight_decay=t.optim.weight_decay, nesterov=t.optim.nesterov)
+    model.train()
+    for epoch in range(t.epochs):
+        criterion.set_epoch(epoch)
+        for step, (x, y, y_global) in enumerate(feed.train_batches(sampler, epoch, t.batch_size)):
+            lr = schedule.lr(epoch, step, steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss = criterion(model(x), y, y_global)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    return model.state_dict()
+
+
+class FakeGraph:
+    """A 'captured' step: nothing ran at capture; every replay runs the recorded step."""
+
+    def __init__(self, body) -> None:
+        self.body = body
+
+    def replay(self) -> None:
+        self.body()
+
+
+class _Stream:
+    def wait_stream(self, other) -> None:
+        pass
+
+
+class FakeGraphs:
+    """Stands in for :class:`graphs.CudaGraphs` on the CPU; ``fail``: every capture raises."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.captures = fail, []
+
+    def stream(self, device):
+        return _Stream()
+
+    current = stream
+
+    def on(self, stream):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def capture(self, body, stream):
+        self.captures.append(body)
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return FakeGraph(body)
+
+
+def _trainer(spec, run_dir: Path, *, guard: bool = True) -> Trainer:
+    data = datasets.load(spec.train.data)
+    ctx = RankContext(env=DistEnv.from_environ(), device=torch.device("cpu"), rank=0, world_size=1, distributed=False)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(spec, ctx, data, run_dir)
+    if guard:
+        _guard_steps(trainer)
+    return trainer
+
+
+def _guard_steps(trainer: Trainer) -> None:
+    """Every step of every phase of ``trainer`` runs under :class:`NoHostSync`."""
+    setup = trainer._setup_phase
+
+    def guarded(*args, **kwargs):
+        setup(*args, **kwargs)
+        trainer.step.guard = NoHostSync
+
+    trainer._setup_phase = guarded
+    trainer.step.guard = NoHostSync
+
+
+def _final_weights(run_dir: Path) -> dict:
+    return ckpt.load_latest(run_dir)[0]["model"]
+
+
+def _different(a: dict, b: dict) -> list[str]:
+    assert a.keys() == b.keys()
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+@pytest.fixture(scope="module")
+def main_weights():
+    assert sum(digits_lt_counts(20)) == 13 * 32 + 1  # a one-image last batch every epoch
+    return _main_loop(make_spec(RECIPE))
+
+
+def test_the_step_formulation_gives_mains_weights_bit_for_bit(tmp_path, main_weights, monkeypatch):
+    trainer = _trainer(make_spec(RECIPE), tmp_path / "eager")
+    assert trainer.runner is None and trainer.steps_per_epoch == STEPS
+    assert trainer.train_model is trainer.model  # world size 1: no DDP wrapper
+    trainer.fit()
+    assert not _different(_final_weights(tmp_path / "eager"), main_weights)
+    # The same steps through warm-up / capture / replay (a fake that replays the recorded step).
+    fake = FakeGraphs()
+    monkeypatch.setattr(graphs, "BACKEND", fake)
+    monkeypatch.setattr(graphs, "decide", lambda *a, **k: (True, "cuda_graphs: test"))
+    trainer = _trainer(make_spec(RECIPE), tmp_path / "graphs")
+    trainer.fit()
+    assert sorted(trainer.runner.graphs) == ["full", "last"] and len(fake.captures) == 2
+    # full: 13 a epoch, 3 warm-up steps, 1 capture (replayed at once); last: one an epoch, captured in epoch 4
+    assert trainer.runner.replays == {"full": 5 * 13 - 3, "last": 5 - 3}
+    assert not _different(_final_weights(tmp_path / "graphs"), main_weights)
+    # Not vacuous: the DRW switch and the milestones change the result.
+    moved = _main_loop(make_spec(deep_update(RECIPE, loss={"name": "ldam", "drw_epoch": 4})))
+    assert _different(moved, main_weights)
+
+
+def test_a_failed_capture_falls_back_to_eager_steps_with_one_line(tmp_path, main_weights, monkeypatch, caplog):
+    monkeypatch.setattr(graphs, "BACKEND", FakeGraphs(fail=True))
+    monkeypatch.setattr(graphs, "decide", lambda *a, **k: (True, "cuda_graphs: test"))
+    trainer = _trainer(make_spec(RECIPE), tmp_path / "run")
+    with caplog.at_level("WARNING", logger="hpc_train.train"):
+        trainer.fit()
+    lines = [r.getMessage() for r in caplog.records if "capturing the" in r.getMessage()]
+    assert len(lines) == 1 and "training continues with eager steps" in lines[0], lines
+    assert trainer.runner.failed and not trainer.runner.graphs
+    assert not _different(_final_weights(tmp_path / "run"), main_weights)
+
+
+def test_mid_epoch_resume_on_the_formulation_equals_the_uninterrupted_run(tmp_path, main_weights, monkeypatch,
+                                                                          restore_signals):
+    monkeypatch.setattr(graphs, "BACKEND", FakeGraphs())
+    monkeypatch.setattr(graphs, "decide", lambda *a, **k: (True, "cuda_graphs: test"))
+    spec = make_spec({**RECIPE, "preempt_check_every_steps": 1})
+    trainer = _trainer(spec, tmp_path / "run")
+    stop_at = 3 * STEPS + 6  # epoch 4 (after the DRW switch and a milestone), mid-epoch, graphs replaying
+    after_step = trainer._after_step
+
+    def signal_at(lr):
+        if trainer.global_step == stop_at - 1:
+            preempt._handler(signal.SIGUSR2, None)
+        after_step(lr)
+
+    trainer._after_step = signal_at
+    with pytest.raises(preempt.Preempted) as stopped:
+        trainer.fit()
+    assert stopped.value.exit_code == preempt.EXIT_CHECKPOINTED
+    state = ckpt.load_latest(tmp_path / "run")[0]
+    assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (3, 6, stop_at)
+    assert rundir.read_state(tmp_path / "run").state == "preempted"
+    preempt.reset()
+    resumed = _trainer(spec, tmp_path / "run")
+    assert (resumed.epoch, resumed.step_in_epoch) == (3, 6)
+    resumed.fit()
+    assert resumed.global_step == 5 * STEPS
+    assert not _different(_final_weights(tmp_path / "run"), main_weights)
+
+
+class _Reads(NoHostSync):
+    """NoHostSync that also records the storages a step reads without having made them itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: set[int] = set()
+        self.read: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        flat = torch.utils._pytree.tree_leaves((args, kwargs or {}))
+        self.read |= {a.untyped_storage().data_ptr() for a in flat if isinstance(a, torch.Tensor)} - self.made
+        self.made |= {o.untyped_storage().data_ptr() for o in torch.utils._pytree.tree_leaves(out)
+                      if isinstance(o, torch.Tensor)}
+        return out
+
+
+def test_phase_changes_update_what_a_captured_step_reads_in_place(tmp_path, monkeypatch):
+    spec = make_spec(deep_update(RECIPE, epochs=4, schedule={"name": "multistep", "warmup_epochs": 1,
+                                                             "milestones": [2, 3], "gamma": 0.1},
+                                 two_stage={"crt_epochs": 1}))
+    trainer = _trainer(spec, tmp_path / "run", guard=False)
+    weights = trainer.criterion.class_weights
+    reads, values = {}, {}
+    for epoch in (2, 3):  # the DRW switch is at epoch 3
+        trainer.step.criterion.set_epoch(epoch)
+        values[epoch] = weights.clone()
+        trainer.step.plan = trainer.plan = trainer.feed.epoch_plan(trainer.sampler, epoch, 32, out=trainer.plan)
+        trainer.state.begin_epoch([0.01] * STEPS, 0)
+        trainer.step.body("full")  # a warm-up step (the first one makes the momentum buffers)
+        recorder = reads[epoch] = _Reads()
+        trainer.step.guard = lambda: recorder
+        trainer.step.body("full")
+        trainer.step.guard = NoHostSync
+        assert weights.untyped_storage().data_ptr() in recorder.read
+    assert reads[2].read == reads[3].read  # the same addresses: a graph captured in epoch 2 reads the new weights
+    assert torch.equal(values[2], torch.ones_like(weights)) and torch.equal(values[3], trainer.criterion.cb_weights)
+    # cRT replaces the classifier and the optimizer: new graphs, over the new parameters.
+    monkeypatch.setattr(graphs, "BACKEND", FakeGraphs())
+    monkeypatch.setattr(graphs, "decide", lambda *a, **k: (True, "cuda_graphs: test"))
+    trainer = _trainer(spec, tmp_path / "crt")
+    trainer.fit()
+    # cRT's class-aware epoch is 13 full batches: a new runner warms up, captures, replays 10 of them.
+    assert trainer.phase == "crt" and sorted(trainer.runner.graphs) == ["full"]
+    assert trainer.runner.replays == {"full": 13 - 3}
+    classifier = set(map(id, trainer.model.classifier.parameters()))
+    assert {id(p) for g in trainer.optimizer.param_groups for p in g["params"]} == classifier
+
+
+def test_the_guard_rejects_host_reads(tmp_path, monkeypatch):
+    x = torch.arange(6.0)
+    for read in (lambda: x.sum().item(), lambda: x[x > 2], lambda: bool(x.sum()), lambda: torch.nonzero(x),
+                 lambda: torch.empty(3, device="meta").to("cpu"), lambda: torch.unique(x)):
+        with pytest.raises(HostSyncError), NoHostSync():
+            read()
+    with NoHostSync():  # what the step does is allowed
+        torch.where(x > 2, x, -x).index_select(0, torch.tensor([1])).add_(1)
+    # A step that reads its loss back (as the progress line once did) fails under the guard.
+    trainer = _trainer(make_spec(RECIPE), tmp_path / "run")
+    trainer.step.plan = trainer.plan = trainer.feed.epoch_plan(trainer.sampler, 0, 32)
+    trainer.state.begin_epoch([0.01] * STEPS, 0)
+    forward = trainer.step.criterion.forward
+    monkeypatch.setattr(trainer.step.criterion, "forward", lambda *a: forward(*a) * (1.0 + 0.0 * forward(*a).item()))
+    with pytest.raises(HostSyncError, match="_local_scalar_dense"):
+        trainer.step.body("full")
+
+
+@pytest.mark.parametrize("log_every, where", [
+    (1000, r"epoch 1 \(its end\)"),             # no progress line in the epoch: read at its end
+    (1, r"epoch 1 step \d+ \(global step \d+\)"),  # read with a progress line, acted on at the next check
+])
+def test_a_non_finite_loss_stops_the_run_with_a_clear_message(tmp_path, log_every, where):
+    spec = make_spec(deep_update(RECIPE, optim={"lr": 1e30, "weight_decay": 5e-4}, epochs=2, log_every_steps=log_every,
+                                 preempt_check_every_steps=1,
+                                 schedule={"name": "constant", "warmup_epochs": 0, "milestones": []},
+                                 loss={"name": "ldam", "drw_epoch": 1}))
+    trainer = _trainer(spec, tmp_path / "run")
+    from hpc_train.train.report import NonFiniteLoss
+
+    with pytest.raises(NonFiniteLoss, match=rf"not finite \(nan or inf\), first seen at {where}") as err:
+        trainer.fit()
+    assert err.value.exit_code == 1 and "Lower train.optim.lr" in str(err.value)
+    if log_every == 1000:
+        assert (trainer.epoch, trainer.step_in_epoch) == (1, 0)  # at the end of the first epoch
+    else:
+        assert trainer.epoch == 0 and 0 < trainer.step_in_epoch < STEPS  # mid-epoch, read on the way
+    assert rundir.read_state(tmp_path / "run").state == "failed"
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # stopped before evaluating or saving the epoch
+
+
+def test_time_based_checkpoints_are_written_in_the_background_mid_epoch(tmp_path):
+    spec = make_spec(deep_update(RECIPE, epochs=2, checkpoint_every_s=0.05, checkpoint_every_epochs=1000,
+                                 preempt_check_every_steps=5, loss={"name": "ldam", "drw_epoch": 1},
+                                 schedule={"name": "constant", "warmup_epochs": 0, "milestones": []}))
+    trainer = _trainer(spec, tmp_path / "run")
+    snapshots: dict[int, dict] = {}
+    save = trainer.checkpointer.save
+
+    def slow_save(state, global_step, *, wait):
+        if state:
+            snapshots[global_step] = {k: v.clone() for k, v in state["model"].items()}
+        time.sleep(0.06)  # the next check finds the interval elapsed again
+        return save(state, global_step, wait=wait)
+
+    trainer.checkpointer.save = slow_save
+    trainer.fit()
+    steps = sorted(int(p.name[5:15]) for p in ckpt.list_checkpoints(tmp_path / "run"))
+    mid_epoch = [s for s in steps if s % STEPS]
+    assert len(mid_epoch) >= 2 and all(s % 5 == 0 for s in mid_epoch), steps  # at the agreement points
+    assert 2 * STEPS in steps  # and always at the end
+    for step in steps:  # each file holds the weights of its step, not later ones (training went on meanwhile)
+        saved = torch.load(ckpt.checkpoint_path(tmp_path / "run", step), weights_only=True)
+        assert saved["global_step"] == step and not _different(saved["model"], snapshots[step])
