@@ -20,7 +20,7 @@ from . import rundir
 from . import slurm as slurm_cli
 from .config import JobSpec, JobSources, Resolved, dump_yaml
 from .errors import HpcTrainError, JobFailedError, SubmitError
-from .render import LaunchSpec, render_sbatch
+from .render import LaunchSpec, array_tasks, render_sbatch
 from .run_index import load_run, register
 from .run_status import follow_logs, is_over, run_status
 from .undo import Created
@@ -48,8 +48,9 @@ def render_plain(spec: JobSpec, sources: JobSources, *, cwd: Path | None = None,
     """The self-contained script ``hpc-train render`` prints (admins ``sbatch`` it by hand)."""
     launch = LaunchSpec()
     if sweep:
+        tasks = array_tasks(len(sweep), spec.slurm.pack)
         launch = LaunchSpec(stdout="slurm-%x-%A_%a.out", stderr="slurm-%x-%A_%a.out",
-                            array=_array_range(len(sweep), max_parallel))
+                            array=_array_range(tasks, max_parallel), pack=spec.slurm.pack)
     return render_sbatch(spec, runs_root=str(rundir.runs_root(spec.runs_dir, cwd)),
                          python=resolve_python(spec, interpreter), launch=launch, site_dirs=sources.template_dirs,
                          array_specs=sweep)
@@ -72,9 +73,10 @@ def dry_run_script(spec: JobSpec, sources: JobSources, *, cwd: Path | None = Non
     root = rundir.runs_root(spec.runs_dir, cwd)
     folder = submitit_folder(rundir.run_group(root, spec.name))
     python = resolve_python(spec, interpreter)
-    launch = submitit_launch(folder, _submitit_command(python, folder), map_count=len(sweep) or None,
+    launch = submitit_launch(folder, _submitit_command(python, folder),
+                             map_count=array_tasks(len(sweep), spec.slurm.pack) if sweep else None,
                              array_parallelism=max_parallel)
-    launch = dataclasses.replace(launch, run_dir=str(resume_dir) if resume_dir else None)
+    launch = dataclasses.replace(launch, run_dir=str(resume_dir) if resume_dir else None, pack=spec.slurm.pack)
     return render_sbatch(spec, runs_root=str(root), python=python, launch=launch, site_dirs=sources.template_dirs,
                          array_specs=sweep)
 
@@ -112,9 +114,9 @@ def _submitit_logs(folder: Path, job_id: str) -> dict[str, str]:
 
 def _train_job(spec: JobSpec, run_dir: str | None):
     # torch-free to import and unpickle; the training code is imported when the callable runs.
-    from .train.callable import TorchrunJob, TrainJob
+    from .train.callable import CommandJob, TorchrunJob, TrainJob
 
-    job_class = TorchrunJob if spec.slurm.launcher == "torchrun" else TrainJob
+    job_class = TorchrunJob if spec.slurm.launcher == "torchrun" else CommandJob if spec.command else TrainJob
     return job_class(dump_yaml(spec), run_dir or "")
 
 
@@ -170,28 +172,32 @@ class _SlurmSubmission:
         executor = self.executor(self.spec)
         if max_parallel:
             executor.update_parameters(array_parallelism=max_parallel)
+        pack = self.spec.slurm.pack
         jobs = []
         try:
             with executor.batch():
-                for task_spec in self.sweep:
-                    jobs.append(executor.submit(_train_job(task_spec, None)))
+                for first in range(0, len(self.sweep), pack):  # one array task per `pack` points
+                    jobs.append(executor.submit(_train_job(self.sweep[first], None)))
         except Exception as exc:
             raise _sbatch_refused(exc) from None
         array_id = str(jobs[0].job_id).split("_")[0]
         self.queued.append(array_id)
         script = Path(jobs[0].paths.submission_file).read_text(encoding="utf-8")
         run_dirs = []
-        for task_spec, job in zip(self.sweep, jobs):
-            task_id = str(job.job_id)
-            run_dir = self.group / task_id
-            record = run_record(task_spec, self.sources, run_dir, job_id=task_id, cluster="slurm",
-                                logs=_submitit_logs(self.folder, task_id),
-                                extra={"submitit_folder": str(self.folder), "array_job_id": array_id})
+        for point, task_spec in enumerate(self.sweep):
+            task_id = str(jobs[point // pack].job_id)
+            run_dir = self.group / f"{array_id}_{point}"
+            logs = _submitit_logs(self.folder, task_id) if pack == 1 else {
+                "batch": str(run_dir / rundir.BATCH_LOG), "rank_out": str(run_dir / rundir.RANK_LOG)}
+            record = run_record(task_spec, self.sources, run_dir, job_id=task_id, cluster="slurm", logs=logs,
+                                extra={"submitit_folder": str(self.folder), "array_job_id": array_id,
+                                       "pack": pack})
             write_run_files(self.created, run_dir, task_spec, record, script=script)
             run_dirs.append(str(run_dir))
+        packed = f", {pack} point(s) per task" if pack > 1 else ""
         return SubmitResult(job_id=array_id, run_name=f"{self.spec.name}/{array_id}_*", run_dir=str(self.group),
-                            cluster="slurm", tasks=tuple(str(j.job_id) for j in jobs), run_dirs=tuple(run_dirs),
-                            note=f"job array {array_id}: {len(jobs)} task(s)", job=jobs)
+                            cluster="slurm", tasks=tuple(Path(d).name for d in run_dirs), run_dirs=tuple(run_dirs),
+                            note=f"job array {array_id}: {len(jobs)} task(s){packed}", job=jobs)
 
     def chain(self, resume_dir: Path | None, count: int) -> SubmitResult:
         job, run_dir = self.one(self.spec, resume_dir)

@@ -11,16 +11,17 @@ import click
 
 from ..errors import ConfigError
 from . import CONTEXT, cli
-from .options import echo_json, job_options, resolve, runs_root, sweep_options, write_output
+from .options import WithCommand, echo_json, job_options, resolve, runs_root, sweep_options, write_output
 
 
-@cli.command(context_settings=CONTEXT)
+@cli.command(cls=WithCommand, context_settings=CONTEXT)
 @job_options
 @sweep_options
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the script to FILE instead of printing it.")
 def render(output: Path | None, **kwargs: Any) -> None:
-    """Print the complete sbatch script for a job (no Slurm needed).
+    """Print the complete sbatch script for a job (no Slurm needed). After `--`: your own command, which
+    every rank runs instead of the trainer (see `submit --help`).
 
     The script is self-contained: it carries the fully resolved job, creates the run directory from
     $SLURM_JOB_ID and launches every rank with `python -m hpc_train.train`; `sbatch` it by hand to run
@@ -71,7 +72,7 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
         click.echo(f"preflight: {line}", err=True)
 
 
-@cli.command(context_settings=CONTEXT)
+@cli.command(cls=WithCommand, context_settings=CONTEXT)
 @job_options
 @sweep_options
 @click.option("--cluster", type=click.Choice(["auto", "slurm", "local"]), default="auto", show_default=True,
@@ -90,10 +91,16 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
 
     Returns at once with the job id and run name (use --wait to follow the job). Without Slurm, the
     job runs on this machine: `--gpus 0 --tasks-per-node N` runs N DDP ranks on CPUs (gloo); sweeps,
-    --resume and --chain run one after another.
+    --resume and --chain run one after another (--pack K: K at a time).
+
+    After `--`, your own command: every rank runs it exactly as typed, with RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and HPC_TRAIN_RUN_DIR set, the same run directory, logs,
+    status and preemption (exit 75 after checkpointing on the signal: requeued; docs/commands.md).
 
     \b
     Examples:
+      hpc-train submit --nodes 2 --gpus 4 -- python train.py --lr 0.1
+      hpc-train submit --nodes 2 --gpus 4 -- hpc-train env   # what every rank sees
       hpc-train submit --nodes 4 --gpus 8 jobs/cifar100_lt_bs.yaml
       hpc-train submit --cluster local --wait            # the demo job, 2 local DDP ranks
       hpc-train submit jobs/cifar100_lt_bs.yaml --dry-run     # script + sbatch --test-only

@@ -23,6 +23,8 @@ FLAG_KEYS = {
     "account": "slurm.account",
     "name": "name",
     "runs_dir": "runs_dir",
+    "pack": "slurm.pack",
+    "command": "command",
 }
 
 RUNS_DIR_HELP = "Where run directories go (default: the job's runs_dir, ./runs)."
@@ -65,7 +67,30 @@ def sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="YAML sweep: {key: [values]} (grid) or {points: [{key: value}, ...]}."),
         click.option("--max-parallel", type=click.IntRange(min=1, max=1000),
                      help="Array throttle: at most N tasks at once (%N). Local runs go one at a time."),
+        click.option("--pack", type=click.IntRange(min=1, max=64), metavar="K",
+                     help="Run K sweep points together in one allocation (one GPU, one node), each its own run "
+                          "(slurm.pack)."),
     ])
+
+
+class WithCommand(click.Command):
+    """A command that takes the user's own program after ``--`` (``submit [OPTIONS] [JOB] -- CMD ARGS...``):
+    everything after the first ``--`` is the argv, exactly as typed, never read as options or YAML."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            ctx.meta["user_command"] = tuple(args[at + 1:])
+            if not ctx.meta["user_command"]:
+                raise click.UsageError("nothing after '--': give the command every rank runs, e.g. -- python train.py",
+                                       ctx)
+            args = args[:at]
+        return super().parse_args(ctx, args)
+
+
+def user_command() -> tuple[str, ...] | None:
+    """The argv after ``--`` of the running command (None when there was none)."""
+    return click.get_current_context().meta.get("user_command")
 
 
 runs_dir_option = click.option("--runs-dir", envvar="HPC_TRAIN_RUNS_DIR", show_envvar=True,
@@ -78,6 +103,7 @@ def resolve(kwargs: dict[str, Any], job: str | Path | None = None):
     from ..config import resolve as resolve_config
 
     flags = {key: kwargs.get(opt) for opt, key in FLAG_KEYS.items()}
+    flags["command"] = user_command()
     resolved = resolve_config(job if job is not None else kwargs.get("job"), sets=kwargs.get("sets", ()),
                               flags=flags, sweeps=kwargs.get("sweeps", ()), sweep_file=kwargs.get("sweep_file"))
     epochs = kwargs.get("epochs")

@@ -93,3 +93,32 @@ def cancel(run: str, runs_dir: str | None) -> None:
     from ..run_status import cancel_run
 
     click.echo(cancel_run(resolve_run(run, runs_root(runs_dir))))
+
+
+@cli.command("env", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the mapping as JSON.")
+def env_command(as_json: bool) -> None:
+    """Print what this process is in a job: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK,
+    MASTER_ADDR, MASTER_PORT as hpc_train.dist maps them from the launcher's variables (torchrun's, the local
+    launcher's, Slurm's), where they came from, the run directory and the restart count. Run it inside a job;
+    a launcher environment that does not add up is an error saying what to change (exit 2).
+
+    \b
+    Examples:
+      hpc-train submit --nodes 2 --gpus 4 -- hpc-train env   # each rank's line is in its log
+      srun --ntasks-per-node=4 hpc-train env
+    """
+    from ..dist import DistEnv, launch_info
+
+    dist = DistEnv.from_environ()
+    info = {"rank": dist.rank, "local_rank": dist.local_rank, "world_size": dist.world_size,
+            "local_world_size": dist.local_world_size, "node_rank": dist.node_rank, "master_addr": dist.master_addr,
+            "master_port": dist.master_port, "source": dist.source, "host": dist.hostname, "job_id": dist.job_id,
+            **launch_info()}
+    if as_json:
+        echo_json(info)
+        return
+    click.echo(f"RANK={dist.rank} LOCAL_RANK={dist.local_rank} WORLD_SIZE={dist.world_size} "
+               f"LOCAL_WORLD_SIZE={dist.local_world_size} NODE_RANK={dist.node_rank} MASTER_ADDR={dist.master_addr} "
+               f"MASTER_PORT={dist.master_port} host={dist.hostname} source={dist.source} "
+               f"restart={info['restart']} run_dir={info['run_dir'] or '-'}")
