@@ -269,7 +269,8 @@ def wait_for(result: SubmitResult, poll_s: float = WAIT_POLL_S) -> list[dict[str
             time.sleep(poll_s)
         statuses.append(status)
         if status["state"] != rundir.COMPLETED:
-            why = status.get("reason") or status.get("first_failure") or status["state"]
+            why = "; ".join(dict.fromkeys(w for w in (status.get("reason"), status.get("first_failure")) if w))
+            why = why or status["state"]
             hint = f"see `hpc-train logs {run.name}`"
             error = JobFailedError(f"{run.name} {status['state']}: {why}\n{status.get('hint') or hint}")
             if status.get("exit_code") == rundir.EXIT_BAD_INPUT:

@@ -50,8 +50,12 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
     from .. import local, rundir, submit as submit_mod
     from ..submission import choose_cluster
 
+    from ..plugins import check as check_plugins
+
     spec = resolved.spec
     chosen, note = choose_cluster(cluster, spec)  # type: ignore[arg-type]
+    for line in ([] if spec.command else check_plugins(spec.train)):  # imports the job's own modules
+        click.echo(line, err=True)
     if chosen == "local":
         group = rundir.run_group(rundir.runs_root(spec.runs_dir), spec.name)
         run_dirs = [resume_dir] if resume_dir else [group / rid for rid in local.new_run_ids(len(resolved.sweep) or 1)]

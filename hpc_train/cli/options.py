@@ -93,6 +93,20 @@ def user_command() -> tuple[str, ...] | None:
     return click.get_current_context().meta.get("user_command")
 
 
+def command_name(argv: tuple[str, ...]) -> str:
+    """A job name for a command submitted without a job file or --name: the module of ``python -m X``, the
+    script's stem (``train`` for ``python train.py``), else the program's name."""
+    import re
+
+    word = Path(argv[0]).name
+    if "-m" in argv[1:-1]:
+        word = argv[argv.index("-m", 1) + 1]
+    else:
+        scripts = [w for w in argv[1:] if w.endswith((".py", ".sh")) and not w.startswith("-")]
+        word = Path(scripts[0]).stem if scripts else word
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", word).strip("-.")[:64] or "command"
+
+
 runs_dir_option = click.option("--runs-dir", envvar="HPC_TRAIN_RUNS_DIR", show_envvar=True,
                                help="Where run directories are (default: the site file's runs_dir, else ./runs; "
                                     "runs submitted from here are found wherever they are).")
@@ -104,6 +118,8 @@ def resolve(kwargs: dict[str, Any], job: str | Path | None = None):
 
     flags = {key: kwargs.get(opt) for opt, key in FLAG_KEYS.items()}
     flags["command"] = user_command()
+    if flags["command"] and flags["name"] is None and job is None and kwargs.get("job") is None:
+        flags["name"] = command_name(flags["command"])
     resolved = resolve_config(job if job is not None else kwargs.get("job"), sets=kwargs.get("sets", ()),
                               flags=flags, sweeps=kwargs.get("sweeps", ()), sweep_file=kwargs.get("sweep_file"))
     epochs = kwargs.get("epochs")
