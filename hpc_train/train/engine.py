@@ -33,11 +33,12 @@ from . import preempt, two_stage
 from .batchnorm import broadcast_buffers, synchronise_batchnorm
 from .datasets import DataSource
 from .losses import CrossEntropy, build_loss, posthoc_adjust
-from .metrics import ClassCounter, append_jsonl, format_table, group_sizes, plot_per_class, summarize
+from .metrics import ClassCounter, format_table, group_sizes, plot_per_class, summarize
 from .models import LongTailNet, build_model, make_classifier
 from .pipeline import Feed
 from .samplers import derive_seed, stage_sampler
 from .schedule import LrSchedule
+from .tensorboard import write_metrics
 from .two_stage import TAU_GRID
 
 log = logging.getLogger("hpc_train.train")
@@ -418,7 +419,7 @@ class Trainer:
             self.best = record
         self.last = record
         if self.ctx.is_main:
-            append_jsonl(self.run_dir / "metrics.jsonl", record)
+            write_metrics(self.run_dir, record, self.cfg.tensorboard)
             log.info("epoch %d/%d %s: top-1 %.2f balanced %.2f many %s medium %s few %s (best: epoch %d, test top-1 "
                      "%.2f, chosen on %s)", self.epoch, self.total_epochs, self.phase, 100 * record["top1"],
                      100 * record["balanced"], _fmt(record["many"]), _fmt(record["medium"]), _fmt(record["few"]),
@@ -441,7 +442,7 @@ class Trainer:
         record = self._record(summarize(*test["tau"], self.counts), tau=best_tau,
                               val_balanced={str(k): v for k, v in scores.items()})
         if self.ctx.is_main:
-            append_jsonl(self.run_dir / "metrics.jsonl", record)
+            write_metrics(self.run_dir, record, self.cfg.tensorboard)
             log.info("tau-normalisation: tau=%.1f chosen on the held-out split (balanced %.2f); test top-1 %.2f",
                      best_tau, 100 * scores[best_tau], 100 * record["top1"])
         return record
