@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from ..errors import ConfigError
@@ -93,6 +95,46 @@ def cancel(run: str, runs_dir: str | None) -> None:
     from ..run_status import cancel_run
 
     click.echo(cancel_run(resolve_run(run, runs_root(runs_dir))))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("runs", nargs=-1, required=True, metavar="NAME|RUN...")
+@runs_dir_option
+@click.option("--seed-key", "seed_keys", multiple=True, metavar="KEY", help="Keys that vary over seeds, not "
+              "configurations (default: train.seed). Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (fractions, not percent).")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also draw per-class accuracy against training images, one line per configuration (PNG).")
+def report(runs: tuple[str, ...], runs_dir: str | None, seed_keys: tuple[str, ...], as_json: bool,
+           plot: Path | None) -> None:
+    """One table over the runs of a sweep (or any runs): a row per configuration — the keys that differ
+    between the runs, except the seed — with the mean and sample standard deviation (ddof 1) over seeds of
+    top-1, balanced, many, medium and few accuracy at the best and the last epoch, and how many runs
+    finished, are running or failed. Works while runs are still going (it reads metrics.jsonl).
+
+    NAME|RUN: a job name (all its runs), an array job id or name/<array id> (that sweep), a run name, a run
+    directory or a job's directory of runs.
+
+    \b
+    Examples:
+      hpc-train report digits-lt-demo
+      hpc-train report digits-lt-demo/4242 --json
+      hpc-train report 4242 --seed-key train.seed --seed-key train.data.seed --plot per-class.png
+    """
+    from .. import report as report_mod
+    from ..run_status import run_status
+
+    chosen = report_mod.select(runs, runs_root(runs_dir))
+    results = [report_mod.load(r, run_status(r)["state"]) for r in chosen]
+    data = report_mod.summarise(results, seed_keys or ("train.seed",))
+    if plot is not None:
+        report_mod.plot(results, data, plot)
+    if as_json:
+        echo_json(data)
+    else:
+        click.echo(report_mod.format_report(data), nl=False)
+    if plot is not None:
+        click.echo(f"wrote {plot}", err=True)
 
 
 @cli.command("env", context_settings=CONTEXT)
