@@ -123,7 +123,9 @@ def _supervise(procs: list[subprocess.Popen], launch: Launch, batch_log: Any) ->
     run_dir = Path(launch.run_dir)
     started, last_check, signalled = time.monotonic(), 0.0, False
     host = socket.gethostname()
-    while any(p.poll() is None for p in procs):
+    # Poll every rank each time (a generator in any() stops at the first live one, and a failure of a later
+    # rank would go unseen until the earlier ones ended).
+    while any([p.poll() is None for p in procs]):
         now = time.monotonic()
         failed = [(rank, _exit_code(p.returncode)) for rank, p in enumerate(procs)
                   if p.returncode not in (None, 0, rundir.EXIT_CHECKPOINTED)]
