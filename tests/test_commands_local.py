@@ -25,9 +25,11 @@ def only_run_dir(cwd: Path, name: str) -> Path:
 
 
 def test_ranks_get_the_mapping_and_argv_as_typed_and_a_failing_rank_is_named(tmp_path):
+    started = time.monotonic()
     result = run("submit", "--cluster", "local", "--tasks-per-node", "3", "--wait", "--",
                  sys.executable, str(SCRIPTS / "show_rank.py"), "2", *HOSTILE, cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
+    assert time.monotonic() - started < 20  # the other ranks (sleeping 30 s) were ended when rank 2 failed
     host = socket.gethostname()
     assert f"failed: exit code 7; rank 2 on {host}: Exited with exit code 7" in result.stderr
     run_dir = only_run_dir(tmp_path, "show_rank")
