@@ -82,7 +82,7 @@ def new_run_ids(count: int) -> list[str]:
 
 
 def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None = None, chain: int = 1,
-                 note: str = ""):
+                 note: str = "", snapshot: dict[str, str] | None = None):
     """Write the run directories and start the local launcher; returns at once (like sbatch)."""
     from .config import dump_yaml
     from .submission import SubmitResult, continue_run_record, run_record, write_run_files
@@ -105,7 +105,7 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
             for task_spec, run_dir in zip(specs, run_dirs):
                 record = run_record(task_spec, resolved.sources, run_dir, job_id=run_dir.name, cluster="local",
                                     logs=_logs(run_dir))
-                write_run_files(created, run_dir, task_spec, record)
+                write_run_files(created, run_dir, task_spec, record, snapshot=snapshot)
         launches = [launcher.as_dict(launcher.launch_for(s, d)) for s, d in zip(specs, run_dirs)]
         launches += [launches[-1]] * (chain - 1)  # a chain: the same run again, resuming
         plan = group / f".local-plan-{run_dirs[0].name}.json"

@@ -24,8 +24,8 @@ from .render import LaunchSpec, array_tasks, render_sbatch
 from .run_index import load_run, register
 from .run_status import follow_logs, is_over, run_status
 from .undo import Created
-from .submission import (Cluster, SubmitResult, choose_cluster, continue_run_record, resolve_python,
-                         run_record, write_run_files)
+from .submission import (Cluster, SubmitResult, choose_cluster, code_snapshot, continue_run_record,
+                         resolve_python, run_record, write_run_files)
 
 WAIT_POLL_S = 1.0
 
@@ -130,7 +130,9 @@ def _sbatch_refused(exc: Exception) -> SubmitError:
 class _SlurmSubmission:
     """One submission's jobs, and what they created (undone, with the jobs cancelled, if a later one fails)."""
 
-    def __init__(self, resolved: Resolved, cwd: Path | None, interpreter: str | None) -> None:
+    def __init__(self, resolved: Resolved, cwd: Path | None, interpreter: str | None,
+                 snapshot: dict[str, str] | None = None) -> None:
+        self.snapshot = snapshot
         self.spec = with_site_gpu_flag(resolved.spec)
         self.sweep = [with_site_gpu_flag(s) for s in resolved.sweep]
         self.sources = resolved.sources
@@ -161,7 +163,7 @@ class _SlurmSubmission:
             run_dir = self.group / job_id
             record = run_record(spec, self.sources, run_dir, job_id=job_id, cluster="slurm", logs=logs,
                                 extra={"submitit_folder": str(self.folder)})
-            write_run_files(self.created, run_dir, spec, record, script=script)
+            write_run_files(self.created, run_dir, spec, record, script=script, snapshot=self.snapshot)
             return job, run_dir
         self.created.write(resume_dir / f"job-{job_id}.sbatch", script)
         continue_run_record(resume_dir, job_id, logs)
@@ -192,7 +194,7 @@ class _SlurmSubmission:
             record = run_record(task_spec, self.sources, run_dir, job_id=task_id, cluster="slurm", logs=logs,
                                 extra={"submitit_folder": str(self.folder), "array_job_id": array_id,
                                        "pack": pack})
-            write_run_files(self.created, run_dir, task_spec, record, script=script)
+            write_run_files(self.created, run_dir, task_spec, record, script=script, snapshot=self.snapshot)
             run_dirs.append(str(run_dir))
         packed = f", {pack} point(s) per task" if pack > 1 else ""
         return SubmitResult(job_id=array_id, run_name=f"{self.spec.name}/{array_id}_*", run_dir=str(self.group),
@@ -222,20 +224,25 @@ class _SlurmSubmission:
 
 
 def submit(resolved: Resolved, *, cluster: Cluster = "auto", cwd: Path | None = None, interpreter: str | None = None,
-           max_parallel: int | None = None, resume_dir: Path | None = None, chain: int = 1) -> SubmitResult:
+           max_parallel: int | None = None, resume_dir: Path | None = None, chain: int = 1,
+           snapshot: bool = False) -> SubmitResult:
     """Submit and return at once; :func:`wait_for` follows the runs to their end.
 
     ``resolved.sweep``: one Slurm job array, a task (and run directory) per point. ``resume_dir``: continue
     that run directory in a new job. ``chain``: queue that many jobs, each starting after the previous
-    one ended (``afterany``) and resuming the same run directory — for sites without requeue.
+    one ended (``afterany``) and resuming the same run directory — for sites without requeue. ``snapshot``:
+    record the submit directory's code (git SHA, uncommitted diff) in each new run directory.
     """
     chosen, note = choose_cluster(cluster, resolved.spec)
+    code = code_snapshot((cwd or Path.cwd()).resolve()) if snapshot else None
+    if snapshot and code is None:
+        note = "; ".join(n for n in (note, "--snapshot: the submit directory is not in a git repository") if n)
     if chosen == "local":
         from .local import submit_local
 
-        result = submit_local(resolved, cwd=cwd, resume_dir=resume_dir, chain=chain, note=note)
+        result = submit_local(resolved, cwd=cwd, resume_dir=resume_dir, chain=chain, note=note, snapshot=code)
     else:
-        submission = _SlurmSubmission(resolved, cwd, interpreter)
+        submission = _SlurmSubmission(resolved, cwd, interpreter, code)
         try:
             result = submission.array(max_parallel) if submission.sweep else submission.chain(resume_dir, chain)
         except BaseException:

@@ -104,3 +104,37 @@ def test_pack_2_gives_the_metrics_of_the_same_points_run_alone(tmp_path):
     assert spans[0][0] <= spans[1][1] and spans[1][0] <= spans[0][1]
     ports = {json.loads((d / "ranks" / "rank-0.json").read_text())["master_port"] for d in runs["packed"]}
     assert len(ports) == 2
+
+
+def test_report_and_env_bad_input_is_exit_2(tmp_path):
+    for args, words in ((["report", "no-such-job"], "no runs for 'no-such-job'"),
+                        (["report"], "Missing argument"),
+                        (["env"], None)):
+        result = run(*args, cwd=tmp_path)
+        if words is None:  # outside a job: one process, rank 0 of 1
+            assert result.returncode == 0 and result.stdout.startswith("RANK=0 LOCAL_RANK=0 WORLD_SIZE=1"), result
+            continue
+        assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+    bad = subprocess.run([sys.executable, "-m", "hpc_train.cli", "env"], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "RANK": "3", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                              "MASTER_ADDR": "a", "MASTER_PORT": "1"})
+    assert bad.returncode == 2 and "rank 3 is outside world size 2" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_snapshot_records_the_code_that_runs(tmp_path):
+    git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    (tmp_path / "train.py").write_text("print('v1')\n")
+    git("add", "train.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v1")
+    (tmp_path / "train.py").write_text("print('v2, not committed')\n")
+    (tmp_path / "notes.txt").write_text("untracked\n")
+    result = run("submit", "--cluster", "local", "--tasks-per-node", "1", "--snapshot", "--wait", "--",
+                 sys.executable, "train.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path, "train")
+    code = json.loads((run_dir / "code.json").read_text())
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert code["git_sha"] == head.strip() and code["dirty"] and "notes.txt" in code["untracked"]
+    assert "+print('v2, not committed')" in (run_dir / "code.diff").read_text()
+    assert "v2, not committed" in (run_dir / "logs" / "rank-0.log").read_text()

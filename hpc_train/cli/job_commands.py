@@ -89,7 +89,9 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
               "verdict (partition, account, sbatch --test-only). Local: each rank's command line.")
 @click.option("--wait", is_flag=True, help="Follow the run(s) to the end; exit 0 only if they completed.")
 @click.option("--json", "as_json", is_flag=True, help="Print job id, run name and run dir as JSON.")
-def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bool, as_json: bool,
+@click.option("--snapshot", is_flag=True, help="Record the code that runs: the git SHA, branch and untracked files "
+              "(code.json) and the uncommitted `git diff HEAD` (code.diff) of the submit directory, in each run.")
+def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bool, as_json: bool, snapshot: bool,
            **kwargs: Any) -> None:
     """Submit a job: to Slurm through submitit, or as local processes.
 
@@ -131,7 +133,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
         _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel"))
         return
     result = submit_mod.submit(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
-                               resume_dir=resume_dir, chain=chain)
+                               resume_dir=resume_dir, chain=chain, snapshot=snapshot)
     warning = shared_filesystem_warning(Path(result.run_dir)) if result.cluster == "slurm" else None
     for line in ([f"warning: {warning}"] if warning else []) + ([result.note] if result.note else []):
         if not as_json:
