@@ -80,7 +80,8 @@ def prepare(spec, run_dir: Path) -> dict[str, str]:
     rundir.write_json_atomic(run_dir / rundir.RANKS_DIR / f"rank-{env.rank}.json", record)
     if env.rank == 0:
         rundir.write_json_atomic(run_dir / LAUNCH_JSON, launch_record(spec, restart))
-    return {**os.environ, **env.torch_environ(), **contract_environment(spec, run_dir, restart)}
+    mapped = {"HPC_TRAIN_MAPPED_FROM": env.source}  # the command sees torchrun-style variables; where they came from
+    return {**os.environ, **env.torch_environ(), **contract_environment(spec, run_dir, restart), **mapped}
 
 
 def become(argv: list[str], environ: dict[str, str], signals: tuple[str, ...]) -> NoReturn:

@@ -231,7 +231,7 @@ def plot(results: Sequence[RunResult], report: Mapping[str, Any], path: Path) ->
         per_class = [_mean_or_none(m.best.get("per_class", [None] * len(counts))[i] for m in members)
                      for i in range(len(counts))]
         pairs = sorted((n, 100 * a) for n, a in zip(counts, per_class) if a is not None)
-        label = ", ".join(f"{k.split('.')[-1]}={_value(v)}" for k, v in row["config"].items()) or "runs"
+        label = ", ".join(f"{k.split('.', 1)[-1]}={_value(v)}" for k, v in row["config"].items()) or "runs"
         ax.plot([p[0] for p in pairs], [p[1] for p in pairs], marker="o", ms=3, label=f"{label} (n={len(members)})")
     ax.set_xscale("log")
     ax.set_xlabel("training images of the class")

@@ -152,15 +152,18 @@ def env_command(as_json: bool) -> None:
     """
     from ..dist import DistEnv, launch_info
 
+    import os
+
     dist = DistEnv.from_environ()
+    source = os.environ.get("HPC_TRAIN_MAPPED_FROM", dist.source)  # mapped by hpc-train's rank wrapper
     info = {"rank": dist.rank, "local_rank": dist.local_rank, "world_size": dist.world_size,
             "local_world_size": dist.local_world_size, "node_rank": dist.node_rank, "master_addr": dist.master_addr,
-            "master_port": dist.master_port, "source": dist.source, "host": dist.hostname, "job_id": dist.job_id,
+            "master_port": dist.master_port, "source": source, "host": dist.hostname, "job_id": dist.job_id,
             **launch_info()}
     if as_json:
         echo_json(info)
         return
     click.echo(f"RANK={dist.rank} LOCAL_RANK={dist.local_rank} WORLD_SIZE={dist.world_size} "
                f"LOCAL_WORLD_SIZE={dist.local_world_size} NODE_RANK={dist.node_rank} MASTER_ADDR={dist.master_addr} "
-               f"MASTER_PORT={dist.master_port} host={dist.hostname} source={dist.source} "
+               f"MASTER_PORT={dist.master_port} host={dist.hostname} source={source} "
                f"restart={info['restart']} run_dir={info['run_dir'] or '-'}")
