@@ -72,26 +72,22 @@ def valid_keys(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
+_PLAIN_WORDS: dict[Any, str] = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string",
+                                Any: "any value"}
+
+
 def describe(tp: Any) -> str:
     """What a field accepts, in words (for messages)."""
     tp, optional = _strip_optional(tp)
     origin = typing.get_origin(tp)
     if origin is Literal:
         text = "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    elif tp is bool:
-        text = "true or false"
-    elif tp is int:
-        text = "an integer"
-    elif tp is float:
-        text = "a finite number"
-    elif tp is str:
-        text = "a string"
+    elif isinstance(tp, type) and tp in _PLAIN_WORDS or tp is Any:
+        text = _PLAIN_WORDS[tp]
     elif _is_flag_or_text(tp):
         text = "a string, or true for a bare flag"
     elif origin is tuple:
         text = "a list"
-    elif tp is Any:
-        text = "any value"
     elif _is_open_mapping(tp):
         text = "a mapping"
     elif dataclasses.is_dataclass(tp):
