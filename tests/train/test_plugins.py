@@ -58,14 +58,14 @@ def train(job: Path, *args: str, cwd: Path):
 
 def test_a_plugin_model_and_loss_train_the_digits_job(tmp_path):
     write_package(tmp_path)
-    plugins = {"model": {"name": "labplug.models:build", "args": {"width": 12}},
+    plugins = {"model": {"name": "labplug.models:build", "args": {"width": 6}},
                "loss": {"name": "labplug.models:scaled_ce", "args": {"scale": 1.0}},
                "tensorboard": True, "epochs": 2}
     job = write_job(tmp_path / "job.yaml", {**DIGITS_QUICK, **plugins})
     plan = train(job, "--dry-run", cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
-    # small_cnn has 93,706 parameters; the plug-in: conv 1*12*9 + BN 24 + linear 12*10+10.
-    assert "labplug.models:build (262 parameters" in plan.stdout, plan.stdout
+    # small_cnn has 93,706 parameters; the plug-in at width 6 (not its default 12): conv 1*6*9 + BN 12 + linear 6*10+10.
+    assert "labplug.models:build (136 parameters" in plan.stdout, plan.stdout
     result = train(job, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "run"
@@ -75,7 +75,7 @@ def test_a_plugin_model_and_loss_train_the_digits_job(tmp_path):
 
     (checkpoint,) = sorted((run_dir / "checkpoints").glob("*.pt"))[-1:]
     weights = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
-    assert tuple(weights["backbone.0.weight"].shape) == (12, 1, 3, 3) and "classifier.weight" in weights
+    assert tuple(weights["backbone.0.weight"].shape) == (6, 1, 3, 3) and "classifier.weight" in weights
     assert_events_match(run_dir, metrics)
 
 
