@@ -87,6 +87,9 @@ class WithCommand(click.Command):
             args = args[:at]
         return super().parse_args(ctx, args)
 
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- CMD [ARGS]...]"]
+
 
 def user_command() -> tuple[str, ...] | None:
     """The argv after ``--`` of the running command (None when there was none)."""
