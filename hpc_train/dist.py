@@ -259,6 +259,36 @@ def simulate(nodelist: str, *, nodes: int, ranks_per_node: int, job_id: int = 12
     return out
 
 
+def launch_info(environ: Mapping[str, str] | None = None) -> dict[str, str | int | None]:
+    """For your own command: the run directory, where to checkpoint, which restart this is, and the
+    preemption contract (docs/commands.md), from the variables hpc-train sets for every rank."""
+    env = os.environ if environ is None else environ
+    restart = env.get("HPC_TRAIN_RESTART") or env.get("SLURM_RESTART_COUNT") or "0"
+    return {"run_dir": env.get("HPC_TRAIN_RUN_DIR"), "checkpoint_dir": env.get("HPC_TRAIN_CHECKPOINT_DIR"),
+            "restart": int(restart) if restart.isdigit() else 0, "signal": env.get("HPC_TRAIN_SIGNAL", "USR2"),
+            "signal_delay_s": int(env.get("HPC_TRAIN_SIGNAL_DELAY_S") or 0) or None,
+            "exit_requeue": int(env.get("HPC_TRAIN_EXIT_REQUEUE") or 75)}
+
+
+def setup(*, backend: str | None = None, timeout_s: int = 600) -> DistEnv:
+    """One call for your own code: the validated mapping (:meth:`DistEnv.from_environ`), this rank's GPU
+    (``LOCAL_RANK``, when CUDA is there), and the default process group (world size > 1; ``nccl`` on GPUs,
+    ``gloo`` on CPUs unless ``backend`` says). torch is imported here, not at import time. ::
+
+        from hpc_train.dist import setup
+        env = setup()            # then DDP(model, device_ids=[env.local_rank]) on GPUs
+    """
+    import torch
+
+    env = DistEnv.from_environ()
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    if cuda:
+        torch.cuda.set_device(env.cuda_device_index(torch.cuda.device_count()))
+    if env.is_distributed:
+        init_process_group(env, backend=backend or ("nccl" if cuda else "gloo"), timeout_s=timeout_s)
+    return env
+
+
 def init_process_group(dist: DistEnv, *, backend: str, timeout_s: int) -> None:
     """Create the default process group from ``dist`` (env:// rendezvous at MASTER_ADDR:MASTER_PORT)."""
     import datetime

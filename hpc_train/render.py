@@ -112,6 +112,13 @@ class LaunchSpec:
     """``--array`` value (``0-2%2``) for sweeps."""
     run_dir: str | None = None
     """Continue this run directory (``submit --resume`` / ``--chain``) instead of a new one per job id."""
+    pack: int = 1
+    """Sweep points per array task (``--pack K``): the task's points run together, each its own run."""
+
+
+def array_tasks(points: int, pack: int) -> int:
+    """Array tasks of a sweep of ``points`` points, ``pack`` per task."""
+    return -(-points // max(1, pack))
 
 
 def search_path(site_dirs: Sequence[Path] = ()) -> list[Path]:
@@ -202,6 +209,8 @@ def render_sbatch(
     launch = launch or LaunchSpec()
     if array_specs and not launch.array:
         raise TemplateError("array_specs given without an --array range")
+    if launch.pack > 1 and not array_specs:
+        launch = replace(launch, pack=1)  # one point: nothing to pack
     env = environment(site_dirs)
     name = spec.slurm.template
     try:
@@ -233,6 +242,7 @@ def render_sbatch(
         gpu_request=gpu_request(spec),
         container_binds=binds,
         batchnorm=batchnorm_text(spec),
+        entrypoint="hpc_train.command" if spec.command else "hpc_train.train",
         run_files=SimpleNamespace(state_log=rundir.STATE_LOG),
         exit_codes=SimpleNamespace(checkpointed=rundir.EXIT_CHECKPOINTED),
     )

@@ -109,6 +109,11 @@ def _sorted_runs(paths: list[Path]) -> list[Run]:
     return sorted((load_run(p) for p in unique), key=lambda r: (r.run_dir.stat().st_mtime, r.name))
 
 
+def all_runs(root: Path) -> list[Run]:
+    """Every run under ``root`` and in the index, oldest first."""
+    return _sorted_runs(_under(root) + _indexed())
+
+
 def find_runs(root: Path, cwd: Path | None = None) -> list[Run]:
     """The runs under ``root`` and the indexed runs submitted from ``cwd``, oldest first."""
     return _sorted_runs(_under(root) + _indexed((cwd or Path.cwd()).resolve()))

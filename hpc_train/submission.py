@@ -92,6 +92,34 @@ def git_sha(path: Path) -> str | None:
     return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
+MAX_DIFF_BYTES = 5 << 20
+"""A code snapshot's diff larger than this is cut (a run directory is not a repository)."""
+
+
+def code_snapshot(path: Path) -> dict[str, str] | None:
+    """The code a submission runs, from the submit directory's git repository: ``code.json`` (SHA, branch,
+    untracked files) and ``code.diff`` (``git diff HEAD``: what is not committed). None outside git."""
+    sha = git_sha(path)
+    if sha is None:
+        return None
+
+    def git(*args: str) -> str:
+        try:
+            out = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=30,
+                                 check=False, errors="replace")
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return out.stdout if out.returncode == 0 else ""
+
+    diff = git("diff", "HEAD")
+    if len(diff.encode()) > MAX_DIFF_BYTES:
+        diff = diff.encode()[:MAX_DIFF_BYTES].decode(errors="ignore") + "\n[cut at 5 MiB by hpc-train]\n"
+    info = {"git_sha": sha, "branch": git("rev-parse", "--abbrev-ref", "HEAD").strip(), "dirty": bool(diff),
+            "untracked": git("ls-files", "--others", "--exclude-standard").splitlines()[:1000],
+            "submit_dir": str(path)}
+    return {"code.json": json.dumps(info, indent=2) + "\n", "code.diff": diff}
+
+
 def run_record(spec: JobSpec, sources: JobSources, run_dir: Path, *, job_id: str, cluster: str,
                logs: Mapping[str, str], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """run.json: who submitted what, from where, with which code, and where the logs are."""
@@ -117,9 +145,12 @@ def run_record(spec: JobSpec, sources: JobSources, run_dir: Path, *, job_id: str
 
 
 def write_run_files(created: Created, run_dir: Path, spec: JobSpec, record: Mapping[str, Any], *,
-                    script: str | None = None) -> None:
-    """A new run directory: the resolved job (config.json, job.yaml), run.json, the script, ``queued``."""
+                    script: str | None = None, snapshot: Mapping[str, str] | None = None) -> None:
+    """A new run directory: the resolved job (config.json, job.yaml), run.json, the script, the code snapshot
+    (``submit --snapshot``), ``queued``."""
     created.mkdir(run_dir / rundir.LOGS_DIR)
+    for name, text in (snapshot or {}).items():
+        created.write(run_dir / name, text)
     if script is not None:
         created.write(run_dir / rundir.JOB_SCRIPT, script)
     created.write(run_dir / rundir.CONFIG_JSON, json.dumps(spec.to_dict(), indent=2) + "\n")

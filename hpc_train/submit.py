@@ -20,12 +20,12 @@ from . import rundir
 from . import slurm as slurm_cli
 from .config import JobSpec, JobSources, Resolved, dump_yaml
 from .errors import HpcTrainError, JobFailedError, SubmitError
-from .render import LaunchSpec, render_sbatch
+from .render import LaunchSpec, array_tasks, render_sbatch
 from .run_index import load_run, register
 from .run_status import follow_logs, is_over, run_status
 from .undo import Created
-from .submission import (Cluster, SubmitResult, choose_cluster, continue_run_record, resolve_python,
-                         run_record, write_run_files)
+from .submission import (Cluster, SubmitResult, choose_cluster, code_snapshot, continue_run_record,
+                         resolve_python, run_record, write_run_files)
 
 WAIT_POLL_S = 1.0
 
@@ -48,8 +48,9 @@ def render_plain(spec: JobSpec, sources: JobSources, *, cwd: Path | None = None,
     """The self-contained script ``hpc-train render`` prints (admins ``sbatch`` it by hand)."""
     launch = LaunchSpec()
     if sweep:
+        tasks = array_tasks(len(sweep), spec.slurm.pack)
         launch = LaunchSpec(stdout="slurm-%x-%A_%a.out", stderr="slurm-%x-%A_%a.out",
-                            array=_array_range(len(sweep), max_parallel))
+                            array=_array_range(tasks, max_parallel), pack=spec.slurm.pack)
     return render_sbatch(spec, runs_root=str(rundir.runs_root(spec.runs_dir, cwd)),
                          python=resolve_python(spec, interpreter), launch=launch, site_dirs=sources.template_dirs,
                          array_specs=sweep)
@@ -72,9 +73,10 @@ def dry_run_script(spec: JobSpec, sources: JobSources, *, cwd: Path | None = Non
     root = rundir.runs_root(spec.runs_dir, cwd)
     folder = submitit_folder(rundir.run_group(root, spec.name))
     python = resolve_python(spec, interpreter)
-    launch = submitit_launch(folder, _submitit_command(python, folder), map_count=len(sweep) or None,
+    launch = submitit_launch(folder, _submitit_command(python, folder),
+                             map_count=array_tasks(len(sweep), spec.slurm.pack) if sweep else None,
                              array_parallelism=max_parallel)
-    launch = dataclasses.replace(launch, run_dir=str(resume_dir) if resume_dir else None)
+    launch = dataclasses.replace(launch, run_dir=str(resume_dir) if resume_dir else None, pack=spec.slurm.pack)
     return render_sbatch(spec, runs_root=str(root), python=python, launch=launch, site_dirs=sources.template_dirs,
                          array_specs=sweep)
 
@@ -112,9 +114,9 @@ def _submitit_logs(folder: Path, job_id: str) -> dict[str, str]:
 
 def _train_job(spec: JobSpec, run_dir: str | None):
     # torch-free to import and unpickle; the training code is imported when the callable runs.
-    from .train.callable import TorchrunJob, TrainJob
+    from .train.callable import CommandJob, TorchrunJob, TrainJob
 
-    job_class = TorchrunJob if spec.slurm.launcher == "torchrun" else TrainJob
+    job_class = TorchrunJob if spec.slurm.launcher == "torchrun" else CommandJob if spec.command else TrainJob
     return job_class(dump_yaml(spec), run_dir or "")
 
 
@@ -128,7 +130,9 @@ def _sbatch_refused(exc: Exception) -> SubmitError:
 class _SlurmSubmission:
     """One submission's jobs, and what they created (undone, with the jobs cancelled, if a later one fails)."""
 
-    def __init__(self, resolved: Resolved, cwd: Path | None, interpreter: str | None) -> None:
+    def __init__(self, resolved: Resolved, cwd: Path | None, interpreter: str | None,
+                 snapshot: dict[str, str] | None = None) -> None:
+        self.snapshot = snapshot
         self.spec = with_site_gpu_flag(resolved.spec)
         self.sweep = [with_site_gpu_flag(s) for s in resolved.sweep]
         self.sources = resolved.sources
@@ -159,7 +163,7 @@ class _SlurmSubmission:
             run_dir = self.group / job_id
             record = run_record(spec, self.sources, run_dir, job_id=job_id, cluster="slurm", logs=logs,
                                 extra={"submitit_folder": str(self.folder)})
-            write_run_files(self.created, run_dir, spec, record, script=script)
+            write_run_files(self.created, run_dir, spec, record, script=script, snapshot=self.snapshot)
             return job, run_dir
         self.created.write(resume_dir / f"job-{job_id}.sbatch", script)
         continue_run_record(resume_dir, job_id, logs)
@@ -170,28 +174,32 @@ class _SlurmSubmission:
         executor = self.executor(self.spec)
         if max_parallel:
             executor.update_parameters(array_parallelism=max_parallel)
+        pack = self.spec.slurm.pack
         jobs = []
         try:
             with executor.batch():
-                for task_spec in self.sweep:
-                    jobs.append(executor.submit(_train_job(task_spec, None)))
+                for first in range(0, len(self.sweep), pack):  # one array task per `pack` points
+                    jobs.append(executor.submit(_train_job(self.sweep[first], None)))
         except Exception as exc:
             raise _sbatch_refused(exc) from None
         array_id = str(jobs[0].job_id).split("_")[0]
         self.queued.append(array_id)
         script = Path(jobs[0].paths.submission_file).read_text(encoding="utf-8")
         run_dirs = []
-        for task_spec, job in zip(self.sweep, jobs):
-            task_id = str(job.job_id)
-            run_dir = self.group / task_id
-            record = run_record(task_spec, self.sources, run_dir, job_id=task_id, cluster="slurm",
-                                logs=_submitit_logs(self.folder, task_id),
-                                extra={"submitit_folder": str(self.folder), "array_job_id": array_id})
-            write_run_files(self.created, run_dir, task_spec, record, script=script)
+        for point, task_spec in enumerate(self.sweep):
+            task_id = str(jobs[point // pack].job_id)
+            run_dir = self.group / f"{array_id}_{point}"
+            logs = _submitit_logs(self.folder, task_id) if pack == 1 else {
+                "batch": str(run_dir / rundir.BATCH_LOG), "rank_out": str(run_dir / rundir.RANK_LOG)}
+            record = run_record(task_spec, self.sources, run_dir, job_id=task_id, cluster="slurm", logs=logs,
+                                extra={"submitit_folder": str(self.folder), "array_job_id": array_id,
+                                       "pack": pack})
+            write_run_files(self.created, run_dir, task_spec, record, script=script, snapshot=self.snapshot)
             run_dirs.append(str(run_dir))
+        packed = f", {pack} point(s) per task" if pack > 1 else ""
         return SubmitResult(job_id=array_id, run_name=f"{self.spec.name}/{array_id}_*", run_dir=str(self.group),
-                            cluster="slurm", tasks=tuple(str(j.job_id) for j in jobs), run_dirs=tuple(run_dirs),
-                            note=f"job array {array_id}: {len(jobs)} task(s)", job=jobs)
+                            cluster="slurm", tasks=tuple(Path(d).name for d in run_dirs), run_dirs=tuple(run_dirs),
+                            note=f"job array {array_id}: {len(jobs)} task(s){packed}", job=jobs)
 
     def chain(self, resume_dir: Path | None, count: int) -> SubmitResult:
         job, run_dir = self.one(self.spec, resume_dir)
@@ -216,20 +224,25 @@ class _SlurmSubmission:
 
 
 def submit(resolved: Resolved, *, cluster: Cluster = "auto", cwd: Path | None = None, interpreter: str | None = None,
-           max_parallel: int | None = None, resume_dir: Path | None = None, chain: int = 1) -> SubmitResult:
+           max_parallel: int | None = None, resume_dir: Path | None = None, chain: int = 1,
+           snapshot: bool = False) -> SubmitResult:
     """Submit and return at once; :func:`wait_for` follows the runs to their end.
 
     ``resolved.sweep``: one Slurm job array, a task (and run directory) per point. ``resume_dir``: continue
     that run directory in a new job. ``chain``: queue that many jobs, each starting after the previous
-    one ended (``afterany``) and resuming the same run directory — for sites without requeue.
+    one ended (``afterany``) and resuming the same run directory — for sites without requeue. ``snapshot``:
+    record the submit directory's code (git SHA, uncommitted diff) in each new run directory.
     """
     chosen, note = choose_cluster(cluster, resolved.spec)
+    code = code_snapshot((cwd or Path.cwd()).resolve()) if snapshot else None
+    if snapshot and code is None:
+        note = "; ".join(n for n in (note, "--snapshot: the submit directory is not in a git repository") if n)
     if chosen == "local":
         from .local import submit_local
 
-        result = submit_local(resolved, cwd=cwd, resume_dir=resume_dir, chain=chain, note=note)
+        result = submit_local(resolved, cwd=cwd, resume_dir=resume_dir, chain=chain, note=note, snapshot=code)
     else:
-        submission = _SlurmSubmission(resolved, cwd, interpreter)
+        submission = _SlurmSubmission(resolved, cwd, interpreter, code)
         try:
             result = submission.array(max_parallel) if submission.sweep else submission.chain(resume_dir, chain)
         except BaseException:
@@ -263,7 +276,8 @@ def wait_for(result: SubmitResult, poll_s: float = WAIT_POLL_S) -> list[dict[str
             time.sleep(poll_s)
         statuses.append(status)
         if status["state"] != rundir.COMPLETED:
-            why = status.get("reason") or status.get("first_failure") or status["state"]
+            why = "; ".join(dict.fromkeys(w for w in (status.get("reason"), status.get("first_failure")) if w))
+            why = why or status["state"]
             hint = f"see `hpc-train logs {run.name}`"
             error = JobFailedError(f"{run.name} {status['state']}: {why}\n{status.get('hint') or hint}")
             if status.get("exit_code") == rundir.EXIT_BAD_INPUT:

@@ -108,8 +108,9 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         map_count = params.get("map_count")
         launch = submitit_launch(self.folder, command, map_count=map_count,
                                  array_parallelism=params.get("array_parallelism"))
-        launch = dataclasses.replace(launch, run_dir=self._run_dir)
-        if map_count is not None and len(self._array_specs) != map_count:
+        pack = self._spec.slurm.pack
+        launch = dataclasses.replace(launch, run_dir=self._run_dir, pack=pack)
+        if map_count is not None and -(-len(self._array_specs) // pack) != map_count:
             raise TemplateError(f"submitit batched {map_count} jobs but {len(self._array_specs)} sweep points were "
                                 "rendered; submit sweeps through hpc_train.submit")
         return render_sbatch(self._spec, runs_root=self._runs_root, python=self._python, launch=launch,

@@ -51,12 +51,33 @@ def place(tmp_path_factory, stub_slurm_module):
     (stub_slurm_module.bin / "ansible-playbook").write_text("#!/bin/sh\nexit 0\n")
     (stub_slurm_module.bin / "ansible-playbook").chmod(0o755)
     env = stub_slurm_module.env(HOME=str(work), HPC_TRAIN_STATE_DIR=str(work / ".state"))
+    write_sweep_runs(work / "runs" / "lt-sweep")  # what the README's `report` line reads
     submitted = run(["hpc-train", "submit", "--nodes", "4", "--gpus", "8", "cifar100_lt_bs"], work, env)
     assert submitted.returncode == 0, submitted.stderr
     # It has run and ended: squeue no longer knows it, sacct does.
     stub_slurm_module.answer("squeue", stderr="slurm_load_jobs error: Invalid job id specified\n", rc=1)
     stub_slurm_module.answer("sacct", "4242|COMPLETED|0:0|00:10:00|gpu[01-04]|None\n")
     return work, env
+
+
+def write_sweep_runs(group: Path) -> None:
+    """Four finished local runs of a loss x seed sweep, in the run directory's formats (config.json, run.json,
+    state.jsonl, metrics.jsonl); tests/slurm/test_commands.py checks the report's figures on real runs."""
+    import json
+
+    from hpc_train.config import resolve
+
+    for i, (loss, seed) in enumerate([(l, s) for l in ("ce", "balanced_softmax") for s in (0, 1)]):
+        run_dir = group / f"local-1_{i}"
+        run_dir.mkdir(parents=True)
+        spec = resolve(None, sets=[f"train.loss.name={loss}", f"train.seed={seed}"]).spec
+        (run_dir / "config.json").write_text(json.dumps(spec.to_dict()))
+        (run_dir / "job.yaml").write_text(json.dumps(spec.to_dict()))
+        (run_dir / "run.json").write_text(json.dumps({"job_id": run_dir.name, "cluster": "local"}))
+        (run_dir / "state.jsonl").write_text('{"event": "exit", "exit_code": 0}\n')
+        record = {"epoch": 1, "global_step": 7, "phase": "main", "split": "test", "top1": 0.5 + seed / 10,
+                  "balanced": 0.5, "many": 0.9, "medium": 0.5, "few": 0.1 * i}
+        (run_dir / "metrics.jsonl").write_text(json.dumps(record) + "\n")
 
 
 def run(argv, cwd, env):

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,24 +38,38 @@ VARIANTS = {
                                                "slurm.venv=null"]),
     "srun-plain-pyxis": ("srun", "plain", ["slurm.container={runtime: pyxis, image: 'nvcr.io#nvidia/pytorch:24.05-py3'}",
                                            "slurm.venv=null", "slurm.gpu_flag=gres"]),
+    # The user's own command on every rank (submit -- CMD), with the exit block's requeue on exit 75.
+    "srun-plain-command": ("srun", "plain", []),
+    "torchrun-submitit-command": ("torchrun", "submitit", []),
+    # --pack 2 of a 3-point sweep on one GPU: two array tasks, the pack runner in each.
+    "srun-submitit-packed": ("srun", "submitit", ["slurm.pack=2"]),
 }
+COMMAND = ("python", "train.py", "--lr", "0.1", "$(touch /tmp/pwned)", "it's")
 
 
-def golden_spec(launcher, extra=()):
+def golden_spec(launcher, extra=(), **flags):
     spec, _ = resolve_job(None, site=NO_SITE, sets=[*GOLDEN_SETS, *extra],
                           flags={"slurm.nodes": 4, "slurm.gpus_per_node": 8, "slurm.launcher": launcher,
-                                 "name": "cifar100-lt"})
+                                 "name": "cifar100-lt", **flags})
     return spec
 
 
 def render_variant(variant):
     launcher, form, extra = VARIANTS[variant]
-    spec = golden_spec(launcher, extra)
+    flags = {"command": COMMAND} if variant.endswith("-command") else {}
+    sweep = []
+    if variant.endswith("-packed"):
+        flags = {"slurm.nodes": 1, "slurm.gpus_per_node": 1}
+        sweep = [golden_spec(launcher, [*extra, f"train.seed={seed}"], **flags) for seed in range(3)]
+    spec = sweep[0] if sweep else golden_spec(launcher, extra, **flags)
     launch = LaunchSpec()
     if form == "submitit":
         folder = Path("/shared/project/runs/cifar100-lt/.submitit")
-        launch = submitit_launch(folder, f"python -u -m submitit.core._submit {folder}")
-    return render_sbatch(spec, runs_root="/shared/project/runs", python="/shared/envs/lt/bin/python", launch=launch)
+        launch = submitit_launch(folder, f"python -u -m submitit.core._submit {folder}",
+                                 map_count=render.array_tasks(len(sweep), 2) if sweep else None)
+        launch = replace(launch, pack=spec.slurm.pack)
+    return render_sbatch(spec, runs_root="/shared/project/runs", python="/shared/envs/lt/bin/python", launch=launch,
+                         array_specs=sweep)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -11,16 +11,17 @@ import click
 
 from ..errors import ConfigError
 from . import CONTEXT, cli
-from .options import echo_json, job_options, resolve, runs_root, sweep_options, write_output
+from .options import WithCommand, echo_json, job_options, resolve, runs_root, sweep_options, write_output
 
 
-@cli.command(context_settings=CONTEXT)
+@cli.command(cls=WithCommand, context_settings=CONTEXT)
 @job_options
 @sweep_options
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the script to FILE instead of printing it.")
 def render(output: Path | None, **kwargs: Any) -> None:
-    """Print the complete sbatch script for a job (no Slurm needed).
+    """Print the complete sbatch script for a job (no Slurm needed). After `--`: your own command, which
+    every rank runs instead of the trainer (see `submit --help`).
 
     The script is self-contained: it carries the fully resolved job, creates the run directory from
     $SLURM_JOB_ID and launches every rank with `python -m hpc_train.train`; `sbatch` it by hand to run
@@ -49,8 +50,12 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
     from .. import local, rundir, submit as submit_mod
     from ..submission import choose_cluster
 
+    from ..plugins import check as check_plugins
+
     spec = resolved.spec
     chosen, note = choose_cluster(cluster, spec)  # type: ignore[arg-type]
+    for line in ([] if spec.command else check_plugins(spec.train)):  # imports the job's own modules
+        click.echo(line, err=True)
     if chosen == "local":
         group = rundir.run_group(rundir.runs_root(spec.runs_dir), spec.name)
         run_dirs = [resume_dir] if resume_dir else [group / rid for rid in local.new_run_ids(len(resolved.sweep) or 1)]
@@ -71,7 +76,7 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
         click.echo(f"preflight: {line}", err=True)
 
 
-@cli.command(context_settings=CONTEXT)
+@cli.command(cls=WithCommand, context_settings=CONTEXT)
 @job_options
 @sweep_options
 @click.option("--cluster", type=click.Choice(["auto", "slurm", "local"]), default="auto", show_default=True,
@@ -84,16 +89,24 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
               "verdict (partition, account, sbatch --test-only). Local: each rank's command line.")
 @click.option("--wait", is_flag=True, help="Follow the run(s) to the end; exit 0 only if they completed.")
 @click.option("--json", "as_json", is_flag=True, help="Print job id, run name and run dir as JSON.")
-def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bool, as_json: bool,
+@click.option("--snapshot", is_flag=True, help="Record the code that runs: the git SHA, branch and untracked files "
+              "(code.json) and the uncommitted `git diff HEAD` (code.diff) of the submit directory, in each run.")
+def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bool, as_json: bool, snapshot: bool,
            **kwargs: Any) -> None:
     """Submit a job: to Slurm through submitit, or as local processes.
 
     Returns at once with the job id and run name (use --wait to follow the job). Without Slurm, the
     job runs on this machine: `--gpus 0 --tasks-per-node N` runs N DDP ranks on CPUs (gloo); sweeps,
-    --resume and --chain run one after another.
+    --resume and --chain run one after another (--pack K: K at a time).
+
+    After `--`, your own command: every rank runs it exactly as typed, with RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and HPC_TRAIN_RUN_DIR set, the same run directory, logs,
+    status and preemption (exit 75 after checkpointing on the signal: requeued; docs/commands.md).
 
     \b
     Examples:
+      hpc-train submit --nodes 2 --gpus 4 -- python train.py --lr 0.1
+      hpc-train submit --nodes 2 --gpus 4 -- hpc-train env   # what every rank sees
       hpc-train submit --nodes 4 --gpus 8 jobs/cifar100_lt_bs.yaml
       hpc-train submit --cluster local --wait            # the demo job, 2 local DDP ranks
       hpc-train submit jobs/cifar100_lt_bs.yaml --dry-run     # script + sbatch --test-only
@@ -120,7 +133,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
         _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel"))
         return
     result = submit_mod.submit(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
-                               resume_dir=resume_dir, chain=chain)
+                               resume_dir=resume_dir, chain=chain, snapshot=snapshot)
     warning = shared_filesystem_warning(Path(result.run_dir)) if result.cluster == "slurm" else None
     for line in ([f"warning: {warning}"] if warning else []) + ([result.note] if result.note else []):
         if not as_json:

@@ -23,6 +23,8 @@ FLAG_KEYS = {
     "account": "slurm.account",
     "name": "name",
     "runs_dir": "runs_dir",
+    "pack": "slurm.pack",
+    "command": "command",
 }
 
 RUNS_DIR_HELP = "Where run directories go (default: the job's runs_dir, ./runs)."
@@ -65,7 +67,47 @@ def sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="YAML sweep: {key: [values]} (grid) or {points: [{key: value}, ...]}."),
         click.option("--max-parallel", type=click.IntRange(min=1, max=1000),
                      help="Array throttle: at most N tasks at once (%N). Local runs go one at a time."),
+        click.option("--pack", type=click.IntRange(min=1, max=64), metavar="K",
+                     help="Run K sweep points together in one allocation (one GPU, one node), each its own run "
+                          "(slurm.pack)."),
     ])
+
+
+class WithCommand(click.Command):
+    """A command that takes the user's own program after ``--`` (``submit [OPTIONS] [JOB] -- CMD ARGS...``):
+    everything after the first ``--`` is the argv, exactly as typed, never read as options or YAML."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            ctx.meta["user_command"] = tuple(args[at + 1:])
+            if not ctx.meta["user_command"]:
+                raise click.UsageError("nothing after '--': give the command every rank runs, e.g. -- python train.py",
+                                       ctx)
+            args = args[:at]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- CMD [ARGS]...]"]
+
+
+def user_command() -> tuple[str, ...] | None:
+    """The argv after ``--`` of the running command (None when there was none)."""
+    return click.get_current_context().meta.get("user_command")
+
+
+def command_name(argv: tuple[str, ...]) -> str:
+    """A job name for a command submitted without a job file or --name: the module of ``python -m X``, the
+    script's stem (``train`` for ``python train.py``), else the program's name."""
+    import re
+
+    word = Path(argv[0]).name
+    if "-m" in argv[1:-1]:
+        word = argv[argv.index("-m", 1) + 1]
+    else:
+        scripts = [w for w in argv[1:] if w.endswith((".py", ".sh")) and not w.startswith("-")]
+        word = Path(scripts[0]).stem if scripts else word
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", word).strip("-.")[:64] or "command"
 
 
 runs_dir_option = click.option("--runs-dir", envvar="HPC_TRAIN_RUNS_DIR", show_envvar=True,
@@ -78,6 +120,9 @@ def resolve(kwargs: dict[str, Any], job: str | Path | None = None):
     from ..config import resolve as resolve_config
 
     flags = {key: kwargs.get(opt) for opt, key in FLAG_KEYS.items()}
+    flags["command"] = user_command()
+    if flags["command"] and flags["name"] is None and job is None and kwargs.get("job") is None:
+        flags["name"] = command_name(flags["command"])
     resolved = resolve_config(job if job is not None else kwargs.get("job"), sets=kwargs.get("sets", ()),
                               flags=flags, sweeps=kwargs.get("sweeps", ()), sweep_file=kwargs.get("sweep_file"))
     epochs = kwargs.get("epochs")

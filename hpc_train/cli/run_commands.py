@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from ..errors import ConfigError
@@ -93,3 +95,75 @@ def cancel(run: str, runs_dir: str | None) -> None:
     from ..run_status import cancel_run
 
     click.echo(cancel_run(resolve_run(run, runs_root(runs_dir))))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("runs", nargs=-1, required=True, metavar="NAME|RUN...")
+@runs_dir_option
+@click.option("--seed-key", "seed_keys", multiple=True, metavar="KEY", help="Keys that vary over seeds, not "
+              "configurations (default: train.seed). Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (fractions, not percent).")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also draw per-class accuracy against training images, one line per configuration (PNG).")
+def report(runs: tuple[str, ...], runs_dir: str | None, seed_keys: tuple[str, ...], as_json: bool,
+           plot: Path | None) -> None:
+    """One table over the runs of a sweep (or any runs): a row per configuration — the keys that differ
+    between the runs, except the seed — with the mean and sample standard deviation (ddof 1) over seeds of
+    top-1, balanced, many, medium and few accuracy at the best and the last epoch, and how many runs
+    finished, are running or failed. Works while runs are still going (it reads metrics.jsonl).
+
+    NAME|RUN: a job name (all its runs), an array job id or name/<array id> (that sweep), a run name, a run
+    directory or a job's directory of runs.
+
+    \b
+    Examples:
+      hpc-train report digits-lt-demo
+      hpc-train report digits-lt-demo/4242 --json
+      hpc-train report 4242 --seed-key train.seed --seed-key train.data.seed --plot per-class.png
+    """
+    from .. import report as report_mod
+    from ..run_status import run_status
+
+    chosen = report_mod.select(runs, runs_root(runs_dir))
+    results = [report_mod.load(r, run_status(r)["state"]) for r in chosen]
+    data = report_mod.summarise(results, seed_keys or ("train.seed",))
+    if plot is not None:
+        report_mod.plot(results, data, plot)
+    if as_json:
+        echo_json(data)
+    else:
+        click.echo(report_mod.format_report(data), nl=False)
+    if plot is not None:
+        click.echo(f"wrote {plot}", err=True)
+
+
+@cli.command("env", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the mapping as JSON.")
+def env_command(as_json: bool) -> None:
+    """Print what this process is in a job: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK,
+    MASTER_ADDR, MASTER_PORT as hpc_train.dist maps them from the launcher's variables (torchrun's, the local
+    launcher's, Slurm's), where they came from, the run directory and the restart count. Run it inside a job;
+    a launcher environment that does not add up is an error saying what to change (exit 2).
+
+    \b
+    Examples:
+      hpc-train submit --nodes 2 --gpus 4 -- hpc-train env   # each rank's line is in its log
+      srun --ntasks-per-node=4 hpc-train env
+    """
+    from ..dist import DistEnv, launch_info
+
+    import os
+
+    dist = DistEnv.from_environ()
+    source = os.environ.get("HPC_TRAIN_MAPPED_FROM", dist.source)  # mapped by hpc-train's rank wrapper
+    info = {"rank": dist.rank, "local_rank": dist.local_rank, "world_size": dist.world_size,
+            "local_world_size": dist.local_world_size, "node_rank": dist.node_rank, "master_addr": dist.master_addr,
+            "master_port": dist.master_port, "source": source, "host": dist.hostname, "job_id": dist.job_id,
+            **launch_info()}
+    if as_json:
+        echo_json(info)
+        return
+    click.echo(f"RANK={dist.rank} LOCAL_RANK={dist.local_rank} WORLD_SIZE={dist.world_size} "
+               f"LOCAL_WORLD_SIZE={dist.local_world_size} NODE_RANK={dist.node_rank} MASTER_ADDR={dist.master_addr} "
+               f"MASTER_PORT={dist.master_port} host={dist.hostname} source={source} "
+               f"restart={info['restart']} run_dir={info['run_dir'] or '-'}")

@@ -123,6 +123,9 @@ class SlurmConfig:
     master_port_span: int = 12000
     """Range of candidate MASTER_PORTs (20000-31999 by default): below the kernel's ephemeral ports (32768
     and up), and the range the Ansible role opens in the firewall (slurm_gpu_node_rendezvous_port_range)."""
+    pack: int = 1
+    """Sweep points run together in one allocation, each its own run (``--pack K``): K small runs share
+    the one GPU (and K x ``cpus_per_task`` cores) of one array task. One node, one rank per point."""
 
     @property
     def ranks_per_node(self) -> int:
@@ -145,7 +148,7 @@ class SlurmConfig:
         """``--cpus-per-task``: torchrun's single task holds the cores of all its workers."""
         if self.launcher == "torchrun":
             return self.cpus_per_task * self.ranks_per_node
-        return self.cpus_per_task
+        return self.cpus_per_task * self.pack
 
     @property
     def time_min(self) -> int:
@@ -163,6 +166,10 @@ class JobSpec:
     On a cluster it must be on a filesystem every node sees."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    command: tuple[str, ...] = ()
+    """Your own program (``hpc-train submit -- CMD ARGS...``): every rank runs this argv, exactly as written,
+    with the rank mapping in its environment (docs/commands.md); ``train:`` is then not used. Empty: the
+    shared long-tail trainer."""
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain(self)

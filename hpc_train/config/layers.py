@@ -19,7 +19,7 @@ import yaml
 from ..errors import ConfigError
 from .job import JobSpec
 from .sweep import Point, apply_point, sweep_points
-from .typed import build, check_keys, field_type
+from .typed import build, check_keys, field_type, plain_value
 from .validate import validate
 from .yaml_text import Scalar, load_yaml_file, parse_mapping, parse_value
 
@@ -167,6 +167,9 @@ def resolve(job: str | Path | None = None, *, sets: Sequence[str] = (), flags: M
     if not points:
         return Resolved(validate(build(JobSpec, merged)), sources)
     specs = tuple(validate(build(JobSpec, apply_point(merged, point))) for point in points)
+    if specs[0].command:
+        raise ConfigError("a sweep varies train.* keys of the shared trainer; a job with a command runs it as "
+                          "written: submit one job per variant (or read the variant from your own arguments)")
     return Resolved(specs[0], sources, specs)
 
 
@@ -177,10 +180,26 @@ def resolve_job(job_file: Path | None, *, sets: Sequence[str] = (), flags: Mappi
     return resolved.spec, resolved.sources
 
 
+class _Dumper(yaml.SafeDumper):
+    """Quotes every text that an open field (a plug-in's ``args``) would read back as something else
+    (``"1e5"``: YAML 1.1 writes it plain, :func:`~.typed.plain_value` would read a number)."""
+
+
+def _represent_text(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
+    try:
+        retyped = not isinstance(plain_value(Scalar(text), ""), str)
+    except ConfigError:
+        retyped = False
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="'" if retyped else None)
+
+
+_Dumper.add_representer(str, _represent_text)
+
+
 def dump_yaml(spec: JobSpec) -> str:
     """The resolved job as YAML (what the plain sbatch script carries in its heredoc; reading it back gives
     the same job, since every text value is read as written)."""
-    return yaml.safe_dump(spec.to_dict(), sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return yaml.dump(spec.to_dict(), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def spec_from_yaml_text(text: str, source: str) -> JobSpec:

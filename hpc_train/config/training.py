@@ -8,7 +8,7 @@ The dataclass fields *are* the schema (see :mod:`hpc_train.config.typed`); cross
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 DatasetName = Literal["cifar10-lt", "cifar100-lt", "list", "imagefolder", "digits-lt", "synthetic-lt"]
 ModelName = Literal[
@@ -17,15 +17,20 @@ ModelName = Literal[
 ]  # fmt: skip
 LossName = Literal["ce", "focal", "ldam", "balanced_softmax", "logit_adjusted"]
 SamplerName = Literal["instance", "class_balanced", "sqrt", "progressive", "class_aware"]
+PLUGIN_HINT = "or a plug-in 'package.module:function' (docs/training.md, Plug-ins)"
+"""Data set, model and loss may also be a plug-in of the user's own, named by its import path."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Which images, how the long tail is made, and how batches are produced."""
 
-    name: DatasetName = "digits-lt"
-    """Data set: CIFAR-LT from the official python pickles, a list file, an ImageFolder tree,
-    ``digits-lt`` (scikit-learn's bundled real digits) or ``synthetic-lt`` (generated)."""
+    name: str = "digits-lt"
+    """Data set (:data:`DatasetName`): CIFAR-LT from the official python pickles, a list file, an ImageFolder
+    tree, ``digits-lt`` (scikit-learn's bundled real digits), ``synthetic-lt`` (generated), or a plug-in
+    ``package.module:function`` called as ``function(data_config, **args)`` returning a ``DataSource``."""
+    args: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of a plug-in data set (built-in sets take none)."""
     root: str = "data"
     """Directory holding the data set files: ``cifar-10-batches-py`` / ``cifar-100-python`` for CIFAR,
     the image root of list files, the ``train/`` and ``test/`` (or ``val/``) folders of ImageFolder."""
@@ -77,9 +82,12 @@ class DataConfig:
 class ModelConfig:
     """The network: a backbone that produces features and a classifier on top."""
 
-    name: ModelName = "small_cnn"
-    """``resnet32`` (CIFAR ResNet, option-A shortcuts), ``small_cnn`` (digits), or a torchvision
-    ResNet/ResNeXt built without pretrained weights."""
+    name: str = "small_cnn"
+    """``resnet32`` (CIFAR ResNet, option-A shortcuts), ``small_cnn`` (digits), a torchvision ResNet/ResNeXt
+    built without pretrained weights (:data:`ModelName`), or a plug-in ``package.module:function`` called as
+    ``function(num_classes=..., in_channels=..., **args)`` returning a feature backbone (see docs/training.md)."""
+    args: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of a plug-in model (built-in models take none)."""
     classifier: Literal["linear", "cosine"] = "linear"
     """``cosine`` normalises features and weights (LDAM's NormedLinear; the loss applies
     ``loss.ldam_scale``, so pair it with ``ldam``)."""
@@ -89,9 +97,12 @@ class ModelConfig:
 class LossConfig:
     """Training loss and per-class re-weighting."""
 
-    name: LossName = "ce"
-    """``ce``, ``focal``, ``ldam``, ``balanced_softmax`` (logits + log n_c) or ``logit_adjusted``
-    (logits + τ log π_c)."""
+    name: str = "ce"
+    """``ce``, ``focal``, ``ldam``, ``balanced_softmax`` (logits + log n_c), ``logit_adjusted`` (logits +
+    τ log π_c) (:data:`LossName`), or a plug-in ``package.module:function`` called as ``function(counts=...,
+    **args)`` returning ``loss(logits, target) -> per-sample values``."""
+    args: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of a plug-in loss (built-in losses take none)."""
     label_smoothing: float = 0.0
     """Label smoothing of ``ce`` (the other losses reject it rather than ignore it)."""
     focal_gamma: float = 1.0
@@ -253,6 +264,8 @@ class TrainConfig:
     intervals. Small against the signal's lead time (``slurm.signal_delay_s``)."""
     process_group_timeout_s: int = 600
     """A dead or stuck rank ends the job after this long instead of blocking to the time limit."""
+    tensorboard: bool = False
+    """Also write the scalars of metrics.jsonl as TensorBoard event files (``<run dir>/tensorboard/``)."""
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)

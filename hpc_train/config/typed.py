@@ -72,20 +72,18 @@ def valid_keys(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
+_PLAIN_WORDS: dict[Any, str] = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string",
+                                Any: "any value"}
+
+
 def describe(tp: Any) -> str:
     """What a field accepts, in words (for messages)."""
     tp, optional = _strip_optional(tp)
     origin = typing.get_origin(tp)
     if origin is Literal:
         text = "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    elif tp is bool:
-        text = "true or false"
-    elif tp is int:
-        text = "an integer"
-    elif tp is float:
-        text = "a finite number"
-    elif tp is str:
-        text = "a string"
+    elif isinstance(tp, type) and tp in _PLAIN_WORDS or tp is Any:
+        text = _PLAIN_WORDS[tp]
     elif _is_flag_or_text(tp):
         text = "a string, or true for a bare flag"
     elif origin is tuple:
@@ -199,8 +197,39 @@ def _python(value: Any, tp: Any, path: str) -> Any:
     raise _bad(path, tp, value)
 
 
+def plain_value(value: Any, path: str) -> Any:
+    """A value the schema leaves open (a plug-in's ``args``), read as JSON reads it: true/false, null, decimal
+    integers and numbers are typed, quoted or other text stays text; lists and mappings hold the same."""
+    if isinstance(value, Scalar):
+        text = value.text
+        if value.quoted:
+            return _text(text, path)
+        if text in ("true", "false"):
+            return text == "true"
+        if text in _NULL_WORDS:
+            return None
+        if _INT_RE.match(text) and len(text.lstrip("+-")) <= 12:
+            return _checked_int(int(text, 10), path)
+        if _FLOAT_RE.match(text):
+            return _checked_float(float(text), path, float)
+        return _text(text, path)
+    if isinstance(value, Mapping):
+        return types.MappingProxyType({_text(str(k), path): plain_value(v, f"{path}.{k}") for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(plain_value(v, f"{path}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, float):
+        return _checked_float(value, path, float)
+    if isinstance(value, str):
+        return _text(value, path)
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    raise ConfigError(f"{path}: must be text, a number, true/false, null, a list or a mapping, got {value!r}")
+
+
 def convert(value: Any, tp: Any, path: str) -> Any:
     """Check/convert one raw or Python value against a field type; ConfigError naming ``path``."""
+    if tp is Any:
+        return plain_value(value, path)
     inner, optional = _strip_optional(tp)
     if value is None:
         if optional:
@@ -231,6 +260,9 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         out = {}
         for key, item in value.items():
             item_path = f"{path}.{key}"
+            if value_tp is Any:
+                out[_text(str(key), item_path)] = plain_value(item, item_path)
+                continue
             if isinstance(item, (Mapping, list, tuple)):
                 raise ConfigError(f"{item_path}: must be {describe(value_tp)}, got {to_plain(item)!r}")
             if value_tp is str and isinstance(item, bool):  # from code: a bool becomes the YAML word

@@ -9,15 +9,20 @@ hpc-train writes itself, newlines on ``#SBATCH`` lines.
 from __future__ import annotations
 
 import re
+import typing
 
 from ..errors import ConfigError
+from ..plugins import is_import_path
 from .job import JobSpec, SlurmConfig, time_to_minutes
-from .training import TrainConfig
+from .training import PLUGIN_HINT, DatasetName, LossName, ModelName, TrainConfig
 
 MAX_NAME_CHARS = 128
 """A job name is a directory name and a Slurm job name: short enough for both (NAME_MAX is 255 bytes)."""
 MAX_NODES = 100_000
 MAX_RANKS_PER_NODE = 1024
+MAX_PACK = 64
+"""Sweep points in one allocation: more is a typo, not a plan (a GPU time-slices beyond a few)."""
+MAX_COMMAND_CHARS = 100_000
 MAX_TIME_MIN = 366 * 24 * 60
 """A year: longer is a typo (Slurm itself spells "no limit" INFINITE, which hpc-train does not ask for)."""
 
@@ -61,8 +66,34 @@ def validate(spec: JobSpec) -> JobSpec:
     """Cross-field checks; messages say what to change."""
     _validate_name_and_paths(spec)
     _validate_slurm(spec.slurm, spec.train.strategy)
-    _validate_train(spec.train, spec.slurm)
+    if spec.command:
+        _validate_command(spec)
+    else:  # a command job does not run the trainer: its train: section is not used, nor checked
+        _validate_names(spec.train)
+        _validate_train(spec.train, spec.slurm)
     return spec
+
+
+def _validate_command(spec: JobSpec) -> None:
+    if not spec.command[0]:
+        raise ConfigError("command: the program (its first word) is empty")
+    if sum(len(word) for word in spec.command) > MAX_COMMAND_CHARS:
+        raise ConfigError(f"command: longer than {MAX_COMMAND_CHARS:,} characters; put the arguments in a file")
+    if spec.slurm.pack > 1:
+        raise ConfigError("slurm.pack packs sweep points of the trainer; a command runs alone (use pack 1)")
+
+
+def _validate_names(t: TrainConfig) -> None:
+    """Built-in names or plug-in import paths; a plug-in's args only with a plug-in."""
+    for key, section, names in (("data", t.data, DatasetName), ("model", t.model, ModelName),
+                                ("loss", t.loss, LossName)):
+        builtin = typing.get_args(names)
+        if section.name not in builtin and not is_import_path(section.name):
+            raise ConfigError(f"train.{key}.name: must be one of {', '.join(map(repr, builtin))} {PLUGIN_HINT}, "
+                              f"got {section.name!r}")
+        if section.args and section.name in builtin:
+            raise ConfigError(f"train.{key}.args: are for plug-ins; {section.name} takes its settings from "
+                              f"train.{key}.* keys")
 
 
 def _validate_name_and_paths(spec: JobSpec) -> None:
@@ -118,6 +149,11 @@ def _validate_slurm(s: SlurmConfig, strategy: str) -> None:
         )
     if not re.fullmatch(r"[A-Z0-9]+", s.signal) or s.signal in ("KILL", "STOP", "9", "19"):
         raise ConfigError(f"slurm.signal: {s.signal!r} is not a catchable signal name; use USR2 or TERM")
+    if not 1 <= s.pack <= MAX_PACK:
+        raise ConfigError(f"slurm.pack must be between 1 and {MAX_PACK}, got {s.pack}")
+    if s.pack > 1 and (s.nodes != 1 or s.ranks_per_node != 1 or s.launcher != "srun" or s.gpus_per_node > 1):
+        raise ConfigError("slurm.pack runs several one-rank sweep points on one node (and at most one GPU): use "
+                          "--nodes 1 --gpus 1 (or --gpus 0 --tasks-per-node 1) and the srun launcher")
     if s.max_requeues < 0:
         raise ConfigError(f"slurm.max_requeues must be 0 or more, got {s.max_requeues}")
     if s.container is not None and not s.container.image:
@@ -209,7 +245,7 @@ def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:
             raise ConfigError(f"train.loss.drw_epoch={loss.drw_epoch} must be an epoch index in [0, {t.epochs})")
         if loss.reweight != "none":
             raise ConfigError("train.loss.drw_epoch defers re-weighting; it needs reweight: none (not both)")
-    if t.model.classifier == "cosine" and loss.name != "ldam":
+    if t.model.classifier == "cosine" and loss.name != "ldam" and not is_import_path(loss.name):
         raise ConfigError("train.model.classifier=cosine gives logits in [-1, 1] and is scaled by the LDAM loss "
                           "only; use loss ldam or classifier linear")
     if loss.name == "ldam" and t.model.classifier != "cosine":

@@ -80,6 +80,18 @@ class TrainJob:
         return f"TrainJob(run_dir={self.run_dir!r})"
 
 
+class CommandJob(TrainJob):
+    """The submitit callable of a job that runs the user's command (``submit -- CMD``): this task becomes the
+    command (:mod:`hpc_train.command`), so submitit records no result; the run directory and the exit code
+    say how it ended."""
+
+    def __call__(self) -> dict[str, Any]:
+        from .. import command
+
+        run_dir = Path(self.run_dir or os.environ.get(rundir.RUN_DIR_ENV, "."))
+        raise SystemExit(command.start(lambda: self._spec()[0], run_dir))
+
+
 class TorchrunJob(TrainJob):
     """The submitit callable of the ``torchrun`` launcher: one per node, it runs torchrun, whose workers
     are the ranks.
@@ -112,7 +124,7 @@ class TorchrunJob(TrainJob):
             f"--nnodes={env['SLURM_JOB_NUM_NODES']}", f"--nproc-per-node={spec.slurm.ranks_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={env['MASTER_ADDR']}:{env['MASTER_PORT']}",
             f"--rdzv-id={env['SLURM_JOB_ID']}", "--max-restarts=0",
-            "-m", "hpc_train.train", "--resolved", str(run_dir / "job.yaml"),
+            "-m", "hpc_train.command" if spec.command else "hpc_train.train", "--resolved", str(run_dir / "job.yaml"),
         ]
         returncode = subprocess.run(command, check=False).returncode
         state = rundir.read_state(run_dir).state

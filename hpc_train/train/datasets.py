@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from ..config import DataConfig
+from ..plugins import is_import_path
 from ..errors import HpcTrainError
 
 # LDAM-DRW normalises CIFAR-100 with the CIFAR-10 statistics too; we keep that, the recipe is the point.
@@ -313,6 +314,10 @@ def load_synthetic_lt(cfg: DataConfig) -> DataSource:
 
 def load(cfg: DataConfig, *, image_root: Path | None = None, download_ok: bool = True) -> DataSource:
     """The data set ``cfg`` names. ``image_root`` replaces ``cfg.root`` for list-file images (staging)."""
+    if is_import_path(cfg.name):  # the user's own (hpc_train.train.plugins)
+        from .plugins import load_data
+
+        return load_data(cfg)
     if cfg.name in CIFAR_LAYOUT:
         return load_cifar_lt(cfg, download_ok=download_ok)
     if cfg.name == "digits-lt":

@@ -40,6 +40,7 @@ from .evaluation import Evaluator, Head
 from .losses import CrossEntropy, build_loss
 from .models import LongTailNet, build_model, make_classifier
 from .pipeline import EpochPlan, Feed
+from .plugins import capture_check_required
 from .samplers import derive_seed, stage_sampler
 from .schedule import LrSchedule
 from .snapshots import Checkpointer
@@ -136,7 +137,8 @@ class Trainer:
         self.checkpointer = Checkpointer(run_dir, self.device, keep=t.keep_checkpoints, writer=ctx.is_main)
         self.evaluator = Evaluator(self.model, self.feed, num_classes=data.num_classes, batch_size=t.eval_batch_size,
                                    distributed=ctx.distributed, autocast=self._autocast, train_counts=self.counts,
-                                   posthoc_tau=t.loss.posthoc_tau, run_dir=run_dir, is_main=ctx.is_main)
+                                   posthoc_tau=t.loss.posthoc_tau, run_dir=run_dir, is_main=ctx.is_main,
+                                   tensorboard=t.tensorboard)
         self.progress = report.Progress(self.device, printing=ctx.is_main)
         self.clock = report.RunClock(self.device)
         self.plan: EpochPlan | None = None
@@ -213,7 +215,8 @@ class Trainer:
                               images=self.feed.train_images() if self.data.in_memory else None)
         self.plan = None  # the plan's shapes are the phase's
         self.runner = graphs.CapturedSteps(self.step, self.device, agree=self.agreement.agree_all,
-                                           before_capture=self.checkpointer.wait) if self.captured else None
+                                           before_capture=self.checkpointer.wait,
+                                           check=", ".join(capture_check_required(t)) or None) if self.captured else None
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         t = self.cfg

@@ -26,9 +26,10 @@ from torch import Tensor
 
 from .batchnorm import broadcast_buffers
 from .losses import log_prior, target_mask
-from .metrics import append_jsonl, summarize
+from .metrics import summarize
 from .models import LongTailNet
 from .pipeline import Feed
+from .tensorboard import write_metrics
 from .two_stage import TAU_GRID, backbone_buffers, snapshot, tau_heads
 
 log = logging.getLogger("hpc_train.train")
@@ -43,10 +44,12 @@ class Evaluator:
 
     def __init__(self, model: LongTailNet, feed: Feed, *, num_classes: int, batch_size: int, distributed: bool,
                  autocast: Callable[[], contextlib.AbstractContextManager], train_counts: list[int],
-                 posthoc_tau: float | None, run_dir: Path, is_main: bool) -> None:
+                 posthoc_tau: float | None, run_dir: Path, is_main: bool, tensorboard: bool = False) -> None:
         self.model, self.feed, self.num_classes, self.batch_size = model, feed, num_classes, batch_size
         self.distributed, self.autocast, self.counts = distributed, autocast, train_counts
         self.posthoc_tau, self.run_dir, self.is_main = posthoc_tau, run_dir, is_main
+        self.tensorboard = tensorboard
+        """Records also go to TensorBoard event files (``train.tensorboard``)."""
         self._log_prior: Tensor | None = None
         self.best: dict[str, Any] | None = None
         self.last: dict[str, Any] | None = None
@@ -141,7 +144,7 @@ class Evaluator:
             self.best = record
         self.last = record
         if self.is_main:
-            append_jsonl(self.run_dir / "metrics.jsonl", record)
+            write_metrics(self.run_dir, record, self.tensorboard)
             best = self.best
             log.info("epoch %d/%d %s: top-1 %.2f balanced %.2f many %s medium %s few %s (best: epoch %d, test top-1 "
                      "%.2f, chosen on %s)", epoch, total_epochs, phase, 100 * record["top1"], 100 * record["balanced"],
@@ -165,7 +168,7 @@ class Evaluator:
         record = self.record(summarize(*test["tau"], self.counts), epoch=epoch, global_step=global_step,
                              phase="tau_norm", tau=best_tau, val_balanced={str(k): v for k, v in scores.items()})
         if self.is_main:
-            append_jsonl(self.run_dir / "metrics.jsonl", record)
+            write_metrics(self.run_dir, record, self.tensorboard)
             log.info("tau-normalisation: tau=%.1f chosen on the held-out split (balanced %.2f); test top-1 %.2f",
                      best_tau, 100 * scores[best_tau], 100 * record["top1"])
         return record

@@ -111,9 +111,14 @@ class CapturedSteps:
     a graph is captured)."""
 
     def __init__(self, step: TrainStep, device: torch.device, *, agree: Callable[[bool], bool],
-                 before_capture: Callable[[], None] = lambda: None, backend: CudaGraphs | None = None) -> None:
+                 before_capture: Callable[[], None] = lambda: None, backend: CudaGraphs | None = None,
+                 check: str | None = None) -> None:
         self.step, self.device, self.agree, self.before_capture = step, device, agree, before_capture
         self.backend = backend or BACKEND
+        self.check = check
+        """Code not known to be capture-safe (plug-ins, e.g. ``model mylab.models:build``): its warm-up steps
+        run under a recording :class:`~.guard.NoHostSync`, and a host read there keeps the run eager."""
+        self._host_reads: list[str] = []
         self.stream = self.backend.stream(device)
         self.graphs: dict[str, Any] = {}
         self.seen: Counter[str] = Counter()
@@ -133,11 +138,31 @@ class CapturedSteps:
         if self.seen[kind] < WARMUP_STEPS:
             self.seen[kind] += 1
             self.stream.wait_stream(current)
-            with self.backend.on(self.stream):
+            with self.backend.on(self.stream), self._checked():
                 self.step.body(kind)
             current.wait_stream(self.stream)
             return
+        if not self.agree(not self._host_reads):
+            self.failed = (f"{self.check} reads values on the host ({self._host_reads[0]})" if self._host_reads
+                           else "the capture check failed on another rank")
+            self.graphs.clear()  # a graph of another batch shape holds the same plug-in
+            log.warning("cuda_graphs: not captured: %s, which a CUDA graph would freeze; training continues with "
+                        "eager steps", self.failed)
+            self.step.body(kind)
+            return
         self._capture(kind, current)
+
+    @contextlib.contextmanager
+    def _checked(self):
+        """The capture check around a warm-up step (a no-op for hpc-train's own code, checked by the tests)."""
+        if self.check is None:
+            yield
+            return
+        from .guard import NoHostSync
+
+        with NoHostSync(self.check, record=True) as mode:
+            yield
+        self._host_reads += mode.seen
 
     def _capture(self, kind: str, current) -> None:
         self.before_capture()

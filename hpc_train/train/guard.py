@@ -53,16 +53,21 @@ def _to_host(func, args: tuple, kwargs: dict) -> bool:
 
 class NoHostSync(TorchDispatchMode):
     """Raise :class:`HostSyncError` on any operator that makes the host wait for the device (see the
-    module docstring). ``where`` names the code under guard in the message."""
+    module docstring). ``where`` names the code under guard in the message. ``record=True`` lets the
+    operators run and lists them in :attr:`seen` instead (the capture check of plug-in code: a real step
+    must not be cut short half-way)."""
 
-    def __init__(self, where: str = "the training step") -> None:
+    def __init__(self, where: str = "the training step", *, record: bool = False) -> None:
         super().__init__()
-        self.where = where
+        self.where, self.record = where, record
+        self.seen: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         if name in _SYNCING or _mask_index(func, args) or _to_host(func, args, kwargs):
-            raise HostSyncError(f"{func} inside {self.where} makes the host wait for the device (a CUDA graph would "
-                                "freeze its value at capture); keep the value on the device")
+            if not self.record:
+                raise HostSyncError(f"{func} inside {self.where} makes the host wait for the device (a CUDA graph "
+                                    "would freeze its value at capture); keep the value on the device")
+            self.seen.append(str(func))
         return func(*args, **kwargs)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import LossConfig
+from ..plugins import is_import_path
 
 
 def target_mask(target: Tensor, num_classes: int) -> Tensor:
@@ -195,6 +196,10 @@ LOSSES: dict[str, type[LongTailLoss]] = {
 
 def build_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1) -> LongTailLoss:
     """The loss of ``cfg``; ``world_size``: the ranks whose gradients DDP averages (see the module docstring)."""
+    if is_import_path(cfg.name):  # the user's own per-sample loss (hpc_train.train.plugins)
+        from .plugins import build_loss as build_plugin
+
+        return build_plugin(cfg, counts, world_size)
     return LOSSES[cfg.name](counts, cfg, world_size)
 
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..plugins import is_import_path
 
 
 class NormedLinear(nn.Module):
@@ -144,6 +145,10 @@ def _torchvision_backbone(name: str, in_channels: int) -> tuple[nn.Module, int]:
 
 
 def build_model(cfg: ModelConfig, *, num_classes: int, in_channels: int) -> LongTailNet:
+    if is_import_path(cfg.name):  # the user's own (hpc_train.train.plugins)
+        from .plugins import build_model as build_plugin
+
+        return build_plugin(cfg, num_classes=num_classes, in_channels=in_channels)
     if cfg.name == "resnet32":
         return LongTailNet(CifarResNet(5, in_channels), 64, num_classes, cfg.classifier)
     if cfg.name == "small_cnn":

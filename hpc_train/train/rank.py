@@ -69,6 +69,9 @@ def run(load_job: Callable[[], tuple["JobSpec", Path | None]], *, run_dir: str |
     known_run_dir = run_dir or os.environ.get(rundir.RUN_DIR_ENV)
     try:
         spec, job_file = load_job()
+        if spec.command:
+            raise ConfigError("this job runs its own command (command: ...), not the trainer: submit it with "
+                              "hpc-train submit, or run a rank with python -m hpc_train.command --resolved JOB")
         preempt.install(spec.slurm.signal)
         try:
             from . import launch  # imports torch

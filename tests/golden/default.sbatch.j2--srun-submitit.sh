@@ -72,7 +72,7 @@ run_event() {  # run_event EVENT [EXIT_CODE]
 }
 run_event running
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_BF999AC1BB28'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_78B0B694DC42'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -113,6 +113,7 @@ slurm:
     hint: nomultithread
   master_port_base: 20000
   master_port_span: 12000
+  pack: 1
 train:
   device: auto
   strategy: ddp
@@ -137,8 +138,10 @@ train:
   log_every_steps: 20
   preempt_check_every_steps: 10
   process_group_timeout_s: 600
+  tensorboard: false
   data:
     name: digits-lt
+    args: {}
     root: data
     imbalance_factor: 20.0
     profile: exp
@@ -159,9 +162,11 @@ train:
     color_jitter: 0.4
   model:
     name: small_cnn
+    args: {}
     classifier: linear
   loss:
     name: balanced_softmax
+    args: {}
     label_smoothing: 0.0
     focal_gamma: 1.0
     ldam_max_margin: 0.5
@@ -196,7 +201,8 @@ train:
     crt_bn: reestimate
     crt_lr_update: epoch
     tau_norm: false
-HPC_TRAIN_JOB_BF999AC1BB28
+command: []
+HPC_TRAIN_JOB_78B0B694DC42
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then

@@ -339,3 +339,50 @@ def test_time_based_checkpoints_are_written_in_the_background_mid_epoch(tmp_path
     for step in steps:  # each file holds the weights of its step, not later ones (training went on meanwhile)
         saved = torch.load(ckpt.checkpoint_path(tmp_path / "run", step), weights_only=True)
         assert saved["global_step"] == step and not _different(saved["model"], snapshots[step])
+
+
+CAPTURE_PLUGIN = '''
+from torch import nn
+
+
+class Backbone(nn.Module):
+    def __init__(self, in_channels, width, host_read):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+                                  nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.feature_dim, self.host_read = width, host_read
+
+    def forward(self, x):
+        features = self.body(x)
+        if self.host_read and features.abs().sum().item() < 0:  # a value read on the host: never true
+            features = -features
+        return features
+
+
+def build(num_classes, in_channels, host_read=False):
+    return Backbone(in_channels, 8, host_read)
+'''
+
+
+@pytest.mark.parametrize("host_read", [False, True])
+def test_plugin_steps_are_captured_only_when_their_capture_check_passes(tmp_path, monkeypatch, caplog, host_read):
+    (tmp_path / "capplug.py").write_text(CAPTURE_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recipe = deep_update(RECIPE, epochs=2, loss={"name": "ce", "drw_epoch": None},
+                         model={"name": "capplug:build", "args": {"host_read": host_read}, "classifier": "linear"})
+    eager = _trainer(make_spec(recipe), tmp_path / "eager", guard=False)
+    eager.fit()
+    fake = FakeGraphs()
+    monkeypatch.setattr(graphs, "BACKEND", fake)
+    monkeypatch.setattr(graphs, "decide", lambda *a, **k: (True, "cuda_graphs: test"))
+    trainer = _trainer(make_spec(recipe), tmp_path / "graphs", guard=False)
+    assert trainer.runner.check == "model capplug:build"
+    with caplog.at_level("WARNING", logger="hpc_train.train"):
+        trainer.fit()
+    lines = [r.getMessage() for r in caplog.records if "not captured" in r.getMessage()]
+    if host_read:  # one line naming the plug-in and the operator; every step eager, none captured
+        assert len(lines) == 1 and "capplug:build" in lines[0] and "_local_scalar_dense" in lines[0], lines
+        assert not fake.captures and not trainer.runner.graphs
+    else:
+        assert not lines and "full" in trainer.runner.graphs and trainer.runner.replays["full"] > 0
+    assert not _different(_final_weights(tmp_path / "graphs"), _final_weights(tmp_path / "eager"))

@@ -1,0 +1,293 @@
+#!/bin/bash
+# cifar100-lt: rendered by hpc-train 0.1.0 from default.sbatch.j2
+# 4 node(s) x 8 rank(s) = 32 rank(s), launcher torchrun
+# Every rank runs the job's command (job.yaml's `command`, never through a shell): 'python train.py --lr 0.1 $(touch /tmp/pwned) it'"'"'s'
+#SBATCH --job-name=cifar100-lt
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=64
+#SBATCH --gpus-per-node=8
+#SBATCH --mem=0G
+#SBATCH --time=12:00:00
+#SBATCH --partition=a100
+#SBATCH --account=proj-ml
+#SBATCH --qos=normal
+#SBATCH --constraint=ib
+#SBATCH --exclusive
+#SBATCH --output=/shared/project/runs/cifar100-lt/.submitit/%j_0_log.out
+#SBATCH --error=/shared/project/runs/cifar100-lt/.submitit/%j_0_log.err
+#SBATCH --open-mode=append
+#SBATCH --signal=B:USR2@120
+#SBATCH --requeue
+#SBATCH --hint=nomultithread
+#SBATCH --mail-type=END
+
+# Stop at the first failing setup command; the launch itself is checked by hand below.
+set -eo pipefail
+
+# --- environment -------------------------------------------------------------------------------
+# EL batch shells are non-login shells: /etc/profile.d is not read, so `module` may be missing.
+if ! command -v module >/dev/null 2>&1; then
+    for modules_init in /usr/share/lmod/lmod/init/bash /etc/profile.d/lmod.sh \
+                        /usr/share/Modules/init/bash /etc/profile.d/modules.sh; do
+        if [ -r "$modules_init" ]; then
+            # shellcheck disable=SC1090
+            . "$modules_init"
+            break
+        fi
+    done
+fi
+module purge
+module load cuda/12.4 nccl/2.21
+# shellcheck disable=SC1090,SC1091
+. /shared/envs/lt/bin/activate
+PYTHON=/shared/envs/lt/bin/python
+# Slurm >= 22.05: srun no longer inherits --cpus-per-task from sbatch.
+export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-8}"
+export OMP_NUM_THREADS=8
+# A dead rank ends the job with its name instead of blocking every other rank until the time limit.
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export NCCL_ASYNC_ERROR_HANDLING=1
+export PYTHONUNBUFFERED=1
+export NCCL_IB_HCA=mlx5_0:1
+export NCCL_SOCKET_IFNAME='^docker,lo'
+
+# --- run directory -----------------------------------------------------------------------------
+# Keyed on the job id (array: <array job id>_<task id>), which survives `scontrol requeue`, so a
+# requeued job finds its checkpoints.
+if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
+    RUN_ID="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+else
+    RUN_ID="${SLURM_JOB_ID:?not running under Slurm (SLURM_JOB_ID is unset)}"
+fi
+RUN_DIR=/shared/project/runs/cifar100-lt/"$RUN_ID"
+mkdir -p "$RUN_DIR/logs"
+export HPC_TRAIN_RUN_DIR="$RUN_DIR"
+# The run's state, one line per change (hpc_train/rundir.py reads them for `hpc-train status`): this
+# launch started here, and the exit block below records how it ended.
+run_event() {  # run_event EVENT [EXIT_CODE]
+    printf '{"event": "%s", "writer": "launcher", "instance": "slurm:%s.%s", "restart": %s, "job_id": "%s", "exit_code": %s, "time": "%s"}\n' \
+        "$1" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_ID" "${2:-null}" \
+        "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" >> "$RUN_DIR/state.jsonl"
+}
+run_event running
+# The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_016E8322DA6E'
+name: cifar100-lt
+runs_dir: runs
+slurm:
+  nodes: 4
+  gpus_per_node: 8
+  tasks_per_node: null
+  cpus_per_task: 8
+  mem_gb: 0
+  time: '12:00:00'
+  partition: a100
+  account: proj-ml
+  qos: normal
+  constraint: ib
+  exclusive: true
+  launcher: torchrun
+  template: default.sbatch.j2
+  modules:
+  - cuda/12.4
+  - nccl/2.21
+  module_purge: true
+  venv: /shared/envs/lt
+  conda_env: null
+  python: null
+  env:
+    NCCL_SOCKET_IFNAME: ^docker,lo
+    NCCL_IB_HCA: mlx5_0:1
+  container: null
+  signal: USR2
+  signal_delay_s: 120
+  requeue: true
+  max_requeues: 3
+  gpu_flag: null
+  gres_name: gpu
+  cpu_bind: null
+  srun_args: []
+  extra_sbatch:
+    mail-type: END
+    hint: nomultithread
+  master_port_base: 20000
+  master_port_span: 12000
+  pack: 1
+train:
+  device: auto
+  strategy: ddp
+  seed: 0
+  epochs: 30
+  batch_size: 64
+  eval_batch_size: 256
+  sync_bn: auto
+  tf32: true
+  amp: 'off'
+  channels_last: false
+  compile: false
+  compile_cache_dir: null
+  cuda_graphs: auto
+  cudnn_benchmark: true
+  deterministic: false
+  num_threads: null
+  eval_every_epochs: 1
+  checkpoint_every_epochs: 1
+  checkpoint_every_s: null
+  keep_checkpoints: 2
+  log_every_steps: 20
+  preempt_check_every_steps: 10
+  process_group_timeout_s: 600
+  tensorboard: false
+  data:
+    name: digits-lt
+    args: {}
+    root: data
+    imbalance_factor: 20.0
+    profile: exp
+    seed: 0
+    train_list: null
+    val_list: null
+    test_list: null
+    val_fraction: 0.0
+    num_classes: 10
+    max_per_class: 500
+    test_per_class: 50
+    image_size: 32
+    random_crop_padding: null
+    random_flip: null
+    num_workers: 4
+    download: false
+    stage_to: null
+    color_jitter: 0.4
+  model:
+    name: small_cnn
+    args: {}
+    classifier: linear
+  loss:
+    name: balanced_softmax
+    args: {}
+    label_smoothing: 0.0
+    focal_gamma: 1.0
+    ldam_max_margin: 0.5
+    ldam_scale: 30.0
+    tau: 1.0
+    reweight: none
+    cb_beta: 0.9999
+    drw_epoch: null
+    posthoc_tau: null
+  sampler:
+    name: instance
+    progressive_epochs: null
+    per_class_draw: 4
+  optim:
+    name: sgd
+    lr: 0.05
+    momentum: 0.9
+    weight_decay: 0.0005
+    nesterov: false
+    scale_lr: false
+    base_batch_size: 128
+  schedule:
+    name: cosine
+    warmup_epochs: 2
+    milestones: []
+    gamma: 0.1
+    update: step
+  two_stage:
+    crt_epochs: 0
+    crt_lr: 0.2
+    crt_sampler: class_aware
+    crt_bn: reestimate
+    crt_lr_update: epoch
+    tau_norm: false
+command:
+- python
+- train.py
+- --lr
+- '0.1'
+- $(touch /tmp/pwned)
+- it's
+HPC_TRAIN_JOB_016E8322DA6E
+# The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
+batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
+if [ -n "$batch_log" ]; then
+    ln -sfn "$batch_log" "$RUN_DIR/logs/batch.log"
+fi
+echo "hpc-train: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, run dir $RUN_DIR"
+
+# --- rendezvous --------------------------------------------------------------------------------
+# Computed once here, on the first node (where the batch shell runs), and exported to every rank:
+# ranks need neither scontrol (absent in containers) nor a node-list parser.
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1 || true)"
+if [ -z "$MASTER_ADDR" ]; then
+    MASTER_ADDR="$("$PYTHON" -c 'import sys; from hpc_train.hostlist import expand; print(expand(sys.argv[1])[0])' "$SLURM_JOB_NODELIST")"
+fi
+if [ -z "$MASTER_ADDR" ]; then
+    echo "hpc-train: cannot determine MASTER_ADDR from SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST" >&2
+    exit 2
+fi
+export MASTER_ADDR
+# A port derived from the job id (never a constant: jobs share nodes), moved on while something listens
+# on it. SO_REUSEADDR as torch's TCPStore sets it: connections left in TIME_WAIT by an earlier run (a
+# requeue keeps the job id) do not make a port busy.
+port_base=20000
+port_span=12000
+port_offset=$(( (${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} + ${SLURM_ARRAY_TASK_ID:-0}) % port_span ))
+for _ in $(seq 1 100); do
+    MASTER_PORT=$(( port_base + port_offset ))
+    if "$PYTHON" -c 'import socket as s, sys; p = s.socket(); p.setsockopt(s.SOL_SOCKET, s.SO_REUSEADDR, 1); p.bind(("", int(sys.argv[1])))' "$MASTER_PORT" 2>/dev/null; then
+        break
+    fi
+    port_offset=$(( (port_offset + 1) % port_span ))
+done
+export MASTER_PORT
+echo "hpc-train: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+
+# --- launch: one torchrun per node, c10d rendezvous --------------------------------------------
+# The agent ignores the preemption signal (trap "" is inherited across exec) so that only the
+# workers act on it: they checkpoint and exit, instead of the agent dying and killing them.
+# With --signal=B:..., Slurm signals this shell only; the trap forwards the signal to the step.
+# shellcheck disable=SC2329  # called by the trap below
+forward_signal() {
+    echo "hpc-train: got USR2, forwarding it to the workers"
+    scancel --signal=USR2 "$SLURM_JOB_ID"
+}
+trap forward_signal USR2
+# submitit's _submit finds its job environment through this variable.
+export SUBMITIT_EXECUTOR=slurm
+set +e
+srun --kill-on-bad-exit=1 --wait=60 --ntasks-per-node=1 --cpus-per-task=64 \
+    --unbuffered --output=/shared/project/runs/cifar100-lt/.submitit/%j_%t_log.out --error=/shared/project/runs/cifar100-lt/.submitit/%j_%t_log.err \
+    bash -c 'trap "" USR2; exec "$@"' torchrun-agent python -u -m submitit.core._submit /shared/project/runs/cifar100-lt/.submitit &
+srun_pid=$!
+# `wait` returns early when the trap fires; keep waiting until srun itself has ended.
+while true; do
+    wait "$srun_pid"
+    status=$?
+    kill -0 "$srun_pid" 2>/dev/null || break
+done
+set -e
+echo "hpc-train: srun exited with status $status"
+# srun reports how the ranks ended, not why: a run that checkpointed on the signal but may not requeue
+# (max_requeues reached) exits 75, the trainer's "continue me" code, whatever the killed ranks returned.
+# The exit code becomes the run's state (hpc_train/rundir.py: 0 completed, 75 preempted, else failed).
+if [ "$status" -ne 0 ] && tail -n 1 "$RUN_DIR/state.jsonl" 2>/dev/null | grep -q '"event": "preempted"'; then
+    echo "hpc-train: checkpointed but not requeued; continue with: hpc-train submit --resume $RUN_DIR"
+    status=75
+fi
+# The job's command checkpointed on the signal and exited 75 (docs/commands.md): requeue it here, at most
+# slurm.max_requeues times; the requeued job keeps its id and run directory, and the command restarts.
+if [ "$status" -eq 75 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then
+    requeue_id="$SLURM_JOB_ID"
+    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
+        requeue_id="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+    fi
+    run_event requeued "$status" || true
+    if scontrol requeue "$requeue_id"; then
+        echo "hpc-train: checkpointed; requeued job $requeue_id (restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )) of at most 3)"
+        exit 0
+    fi
+fi
+run_event exit "$status" || true
+exit "$status"
