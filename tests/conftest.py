@@ -94,3 +94,17 @@ def stub_slurm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stub_slurm_module(tmp_path_factory):
     return StubSlurm(tmp_path_factory.mktemp("stub"))
+
+
+@pytest.fixture(scope="module")
+def one_intraop_thread():
+    """One intra-op thread, as launch.run gives a rank here (train.num_threads): on a busy 2-core machine
+    every 2-thread parallel region waits for both threads to be scheduled (BENCHMARKS.md), 10-50x slower.
+    Module-wide, so reference weights are made with the thread count the trainer runs with (a
+    convolution's reductions split differently over threads: the bits differ)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

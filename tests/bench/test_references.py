@@ -17,12 +17,7 @@ from .replay import ReplayDataset, epoch_params  # noqa: E402
 PAD = 4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")  # tests/conftest.py says why
 
 
 def small_data():

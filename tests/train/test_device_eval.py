@@ -16,16 +16,7 @@ from hpc_train.train.guard import NoHostSync  # noqa: E402
 
 from .helpers import deep_update, make_spec  # noqa: E402
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread, as launch.run gives a rank here (train.num_threads): on a busy 2-core machine
-    every 2-thread parallel region waits for both threads to be scheduled (BENCHMARKS.md), 10-50x slower.
-    Module-wide, so the reference weights are made with the thread count the trainer runs with (a
-    convolution's reductions split differently over threads: the bits differ)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")  # tests/conftest.py says why
 
 
 SYNTHETIC = {"epochs": 1, "batch_size": 64, "log_every_steps": 1000,
