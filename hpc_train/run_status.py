@@ -11,7 +11,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from . import local, rundir
 from . import slurm as slurm_cli
@@ -101,15 +101,22 @@ def progress(run_dir: Path) -> dict[str, Any]:
     return {k: round(last[k], 4) if isinstance(last[k], float) else last[k] for k in keep if k in last}
 
 
-def run_status(run: Run) -> dict[str, Any]:
+def run_statuses(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """:func:`run_status` of each run, Slurm asked once for all of them (``status``, ``report``)."""
+    jobs = slurm_cli.job_states([r.job_id for r in runs if r.cluster != "local"])
+    return [run_status(r, jobs.get(r.job_id)) for r in runs]
+
+
+def run_status(run: Run, job: slurm_cli.JobState | None = None) -> dict[str, Any]:
     """A run's status: ``state`` (queued, running, completed, failed, cancelled, preempted, requeued) and
-    why, with Slurm's own view (``slurm_state``) and the training progress."""
+    why, with Slurm's own view (``slurm_state``; ``job`` when the caller has asked Slurm already) and the
+    training progress."""
     recorded = rundir.read_state(run.run_dir)
     out: dict[str, Any] = {"run": run.name, "job_id": run.job_id, "cluster": run.cluster, "run_dir": str(run.run_dir)}
     if run.cluster == "local":
         state, reason = _local_state(run, recorded)
     else:
-        job = slurm_cli.job_state(run.job_id)
+        job = job or slurm_cli.job_state(run.job_id)
         state, reason = reconcile(recorded, job)
         out.update(slurm_state=job.state, source=job.source, elapsed=job.elapsed, nodes=job.nodes,
                    slurm_exit_code=job.exit_code, slurm_reason=job.reason if job.state == "UNKNOWN" else "")

@@ -116,22 +116,37 @@ def parse_sacct(text: str, job_id: str) -> JobState | None:
 
 
 def job_state(job_id: str) -> JobState:
-    """squeue, then sacct. A failing squeue is an error with its own message (SubmitError, exit 2); a
-    failing or absent sacct gives UNKNOWN with sacct's own words as the reason."""
-    queued = run_command(["squeue", "-h", "-j", job_id, "-o", SQUEUE_FORMAT], check=False)
-    found = parse_squeue(queued.stdout, job_id)
-    if found is not None:
-        return found
+    """One job's state: see :func:`job_states`."""
+    return job_states([job_id])[job_id]
+
+
+def job_states(job_ids: Sequence[str]) -> dict[str, JobState]:
+    """Each job's state from one squeue call, then one sacct call for those no longer queued (a report
+    over a sweep of 200 runs asks slurmctld twice, not 400 times). A failing squeue is an error with its
+    own message (SubmitError, exit 2); a failing or absent sacct gives UNKNOWN with sacct's own words as
+    the reason."""
+    wanted = list(dict.fromkeys(job_ids))
+    if not wanted:
+        return {}
+    queued = run_command(["squeue", "-h", "-j", ",".join(wanted), "-o", SQUEUE_FORMAT], check=False)
     message = slurm_message(queued.stderr)
+    # A single unknown id is an error to squeue ("Invalid job id specified"); in a list it is left out.
     if queued.returncode != 0 and "invalid job id" not in message.lower():
         raise SubmitError(f"squeue failed: {message}")
+    states = {j: found for j in wanted if (found := parse_squeue(queued.stdout, j)) is not None}
+    gone = [j for j in wanted if j not in states]
+    if not gone:
+        return states
     if shutil.which("sacct") is None:
-        return JobState(job_id, "UNKNOWN", reason="not in squeue, and sacct is not on PATH")
-    acct = run_command(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", SACCT_FIELDS], check=False)
-    if acct.returncode != 0:
-        return JobState(job_id, "UNKNOWN", reason=f"not in squeue; sacct: {slurm_message(acct.stderr or acct.stdout)}")
-    found = parse_sacct(acct.stdout, job_id)
-    return found or JobState(job_id, "UNKNOWN", reason="not in squeue, and sacct has no record of it")
+        return {**states, **{j: JobState(j, "UNKNOWN", reason="not in squeue, and sacct is not on PATH") for j in gone}}
+    acct = run_command(["sacct", "-n", "-P", "-X", "-j", ",".join(gone), "-o", SACCT_FIELDS], check=False)
+    for j in gone:
+        if acct.returncode != 0:
+            states[j] = JobState(j, "UNKNOWN", reason=f"not in squeue; sacct: {slurm_message(acct.stderr or acct.stdout)}")
+        else:
+            states[j] = parse_sacct(acct.stdout, j) or JobState(j, "UNKNOWN",
+                                                                reason="not in squeue, and sacct has no record of it")
+    return states
 
 
 _TASK_ERROR = re.compile(r"(?:srun|hpc-train): error: (?P<host>\S+): tasks? (?P<tasks>[\d,-]+): (?P<what>.+)")

@@ -32,11 +32,11 @@ def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
       hpc-train status digits-lt-demo/4242 --json
     """
     from ..run_index import find_runs, resolve_run
-    from ..run_status import run_status
+    from ..run_status import run_statuses
 
     root = runs_root(runs_dir)
     runs = [resolve_run(run, root)] if run else find_runs(root)
-    rows = [run_status(r) for r in runs]
+    rows = run_statuses(runs)
     if as_json:
         echo_json(rows[0] if run else rows)
         return
@@ -122,10 +122,10 @@ def report(runs: tuple[str, ...], runs_dir: str | None, seed_keys: tuple[str, ..
       hpc-train report 4242 --seed-key train.seed --seed-key train.data.seed --plot per-class.png
     """
     from .. import report as report_mod
-    from ..run_status import run_status
+    from ..run_status import run_statuses
 
     chosen = report_mod.select(runs, runs_root(runs_dir))
-    results = [report_mod.load(r, run_status(r)["state"]) for r in chosen]
+    results = [report_mod.load(r, status["state"]) for r, status in zip(chosen, run_statuses(chosen))]
     data = report_mod.summarise(results, seed_keys or ("train.seed",))
     if plot is not None:
         report_mod.plot(results, data, plot)
