@@ -37,9 +37,6 @@ class Flags:
     def values(self) -> tuple[bool, ...]:
         return (self.stop, self.requeue, self.checkpoint, self.nonfinite)
 
-    def any(self) -> bool:
-        return any(self.values())
-
 
 class Agreement:
     """The OR of every rank's :class:`Flags` (see the module docstring). ``distributed``: a default

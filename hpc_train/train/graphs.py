@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from ..config import TrainConfig
+from .guard import NoHostSync
 from .step import TrainStep
 
 log = logging.getLogger("hpc_train.train")
@@ -158,8 +159,6 @@ class CapturedSteps:
         if self.check is None:
             yield
             return
-        from .guard import NoHostSync
-
         with NoHostSync(self.check, record=True) as mode:
             yield
         self._host_reads += mode.seen

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from .. import rundir
+from .. import rundir, sync_bn
 from ..config import JobSpec, dump_yaml
 from ..dist import DistEnv, init_process_group
 from ..errors import ConfigError
@@ -239,7 +239,8 @@ def prepare_run_dir(spec: JobSpec, env: DistEnv, device, run_dir: str | None, jo
                  path, env.world_size, env.source, device, t.amp, t.channels_last, t.compile)
     per_device = t.batch_size // env.world_size if t.strategy == "ddp" else t.batch_size // max(
         1, torch.cuda.device_count() if device.type == "cuda" else 1)
-    unsynced = t.strategy != "ddp" or t.sync_bn is False or env.world_size == 1
+    unsynced = not sync_bn.decide(t.sync_bn, world_size=env.world_size, batch_size=t.batch_size,
+                                  strategy=t.strategy).on
     if per_device < 16 and unsynced and env.rank == 0:
         log.warning("batch per device is %d (< 16) and BatchNorm is not synchronised: its statistics get "
                     "noisy; raise train.batch_size, or set train.sync_bn to auto or true (ddp)", per_device)

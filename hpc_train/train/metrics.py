@@ -18,8 +18,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
 MANY_ABOVE = 100
 """A class is many-shot when it has more than this many training images."""
@@ -39,23 +37,6 @@ def shot_group(train_count: int) -> str:
 def group_sizes(train_counts: Sequence[int]) -> dict[str, int]:
     groups = [shot_group(int(n)) for n in train_counts]
     return {g: groups.count(g) for g in GROUPS}
-
-
-class ClassCounter:
-    """Per-class ``[correct, count]`` on the device (int64, summed exactly across ranks)."""
-
-    def __init__(self, num_classes: int, device: torch.device) -> None:
-        self.num_classes = num_classes
-        self.table = torch.zeros(2, num_classes, dtype=torch.int64, device=device)
-
-    def update(self, predictions: Tensor, targets: Tensor) -> None:
-        # one_hot + sum rather than bincount: CUDA's bincount uses atomics and is refused under
-        # deterministic algorithms; a sum over the batch is exact for integers either way.
-        # Hits weight the one-hot rows instead of selecting them: a boolean-mask selection has a
-        # data-dependent size, which makes the host wait for the GPU at every evaluation batch.
-        per_target = F.one_hot(targets, self.num_classes)
-        self.table[1] += per_target.sum(0)
-        self.table[0] += (per_target * (predictions == targets).unsqueeze(1)).sum(0)
 
 
 def summarize(correct: Sequence[int], count: Sequence[int], train_counts: Sequence[int]) -> dict[str, Any]:

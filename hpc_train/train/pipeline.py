@@ -235,13 +235,13 @@ class Feed:
             self._loader(key, dataset, batches, persistent=True, collate_fn=_CollateOrEmpty(self.data.image_size))
         loader = self._loaders[key]
         loader.batch_sampler.epoch, loader.batch_sampler.start_step = epoch, start_step
-        labels = torch.from_numpy(self.data.train.labels)
-        wholes = (whole for _, whole in sampler.batches(epoch, self.rank, self.world_size, batch_size, start_step))
+        # The epoch's global targets in sequence order, on the device once: each step's are a view.
+        epoch_y = torch.from_numpy(self.data.train.labels)[sampler.global_sequence(epoch)]
         pin = self.device.type == "cuda"  # a copy from pageable memory would wait for the GPU's queue first
-        for (x, y), whole in zip(loader, wholes):
+        epoch_y = (epoch_y.pin_memory() if pin else epoch_y).to(self.device, non_blocking=True)
+        for step, (x, y) in enumerate(loader, start_step):
             x, y = self._to_device(x, y)
-            global_y = labels[whole]
-            yield x, y, (global_y.pin_memory() if pin else global_y).to(self.device, non_blocking=True)
+            yield x, y, epoch_y[step * batch_size:(step + 1) * batch_size]
 
     def _memory_train_batches(self, sampler: GlobalSampler, epoch: int, batch_size: int,
                               start_step: int) -> Iterator[TrainBatch]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .. import rundir
 from ..errors import HpcTrainError
 from .metrics import format_table, group_sizes, plot_per_class
 
@@ -213,5 +214,5 @@ def finish(*, run_dir: Path, data_name: str, num_classes: int, total_epochs: int
     if final is not None:
         plot_per_class(run_dir / "per_class_accuracy.png", final["per_class"], counts,
                        f"{data_name}: per-class accuracy ({final['phase']})")
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (run_dir / rundir.SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
