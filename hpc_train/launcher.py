@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import rundir
+from .train.preempt import signal_number  # torch-free: USR2, SIGUSR2 or 12 as the ranks read slurm.signal
 
 POLL_S = 0.2
 KILL_WAIT_S = 5.0
@@ -114,10 +115,6 @@ def _exit_code(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def _signal_number(name: str) -> int:
-    return int(name) if name.isdigit() else int(signal.Signals[f"SIG{name}"])
-
-
 def _supervise(procs: list[subprocess.Popen], launch: Launch, batch_log: Any) -> int:
     """Wait for the ranks; the launch's exit code (the first failing rank's, as srun reports it)."""
     run_dir = Path(launch.run_dir)
@@ -143,8 +140,10 @@ def _supervise(procs: list[subprocess.Popen], launch: Launch, batch_log: Any) ->
         limited = launch.time_limit_s > 0
         if limited and not signalled and now - started >= launch.time_limit_s - launch.signal_delay_s:
             signalled = True
-            _log(batch_log, f"{launch.signal_delay_s} s before the time limit: sending SIG{launch.signal} to the ranks")
-            _signal_all(procs, _signal_number(launch.signal))
+            number = signal_number(launch.signal)
+            _log(batch_log, f"{launch.signal_delay_s} s before the time limit: sending {signal.strsignal(number)} "
+                            f"({launch.signal}) to the ranks")
+            _signal_all(procs, number)
         if limited and now - started >= launch.time_limit_s:
             _log(batch_log, "time limit reached; ending the ranks")
             _end_all(procs)
@@ -162,8 +161,7 @@ def _instance(launch: Launch, launches: int) -> tuple[str, int]:
     """The launch's instance id and restart count: a Slurm job's when packed in one (so the ranks' lines and
     Slurm's view agree), else the local run's own count of launches."""
     if os.environ.get("SLURM_JOB_ID"):
-        restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-        return f"slurm:{os.environ['SLURM_JOB_ID']}.{restart}", restart
+        return rundir.instance_of()
     return f"local:{launch.run_id}.{launches}", launches
 
 
@@ -253,7 +251,7 @@ def forward_signals(names: Sequence[str]) -> None:
         _signal_all(procs, signum)
 
     for name in dict.fromkeys(names):
-        signal.signal(_signal_number(name), forward)
+        signal.signal(signal_number(name), forward)
 
 
 def launch_for(spec, run_dir: Path, *, under_slurm: bool = False) -> Launch:

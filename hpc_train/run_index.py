@@ -125,7 +125,7 @@ def resolve_run(ref: str, root: Path) -> Run:
     path = Path(ref)
     if _is_run_dir(path):
         return load_run(path)
-    runs = _sorted_runs(_under(root) + _indexed())
+    runs = all_runs(root)
     for matcher in (lambda r: r.name == ref, lambda r: r.job_id == ref or r.run_dir.name == ref,
                     lambda r: r.run_dir.parent.name == ref):
         matches = [r for r in runs if matcher(r)]

@@ -101,10 +101,31 @@ def progress(run_dir: Path) -> dict[str, Any]:
     return {k: round(last[k], 4) if isinstance(last[k], float) else last[k] for k in keep if k in last}
 
 
+def _slurm_jobs(runs: Sequence[Run]) -> dict[str, slurm_cli.JobState]:
+    """Slurm's view of every Slurm run's job, asked once for all of them."""
+    return slurm_cli.job_states([r.job_id for r in runs if r.cluster != "local"])
+
+
 def run_statuses(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """:func:`run_status` of each run, Slurm asked once for all of them (``status``, ``report``)."""
-    jobs = slurm_cli.job_states([r.job_id for r in runs if r.cluster != "local"])
+    """:func:`run_status` of each run (``status``)."""
+    jobs = _slurm_jobs(runs)
     return [run_status(r, jobs.get(r.job_id)) for r in runs]
+
+
+def run_states(runs: Sequence[Run]) -> list[str]:
+    """The state of each run (``report``)."""
+    jobs = _slurm_jobs(runs)
+    return [run_state(r, jobs.get(r.job_id))[0] for r in runs]
+
+
+def run_state(run: Run, job: slurm_cli.JobState | None = None,
+              recorded: rundir.RunState | None = None) -> tuple[str, str]:
+    """(state, reason) of a run: what its run directory recorded, reconciled with Slurm (``job`` when the
+    caller has asked already) or with its local launcher. Reads no log and no metrics (polling loops)."""
+    recorded = recorded or rundir.read_state(run.run_dir)
+    if run.cluster == "local":
+        return _local_state(run, recorded)
+    return reconcile(recorded, job or slurm_cli.job_state(run.job_id))
 
 
 def run_status(run: Run, job: slurm_cli.JobState | None = None) -> dict[str, Any]:
@@ -113,13 +134,11 @@ def run_status(run: Run, job: slurm_cli.JobState | None = None) -> dict[str, Any
     training progress."""
     recorded = rundir.read_state(run.run_dir)
     out: dict[str, Any] = {"run": run.name, "job_id": run.job_id, "cluster": run.cluster, "run_dir": str(run.run_dir)}
-    if run.cluster == "local":
-        state, reason = _local_state(run, recorded)
-    else:
+    if run.cluster != "local":
         job = job or slurm_cli.job_state(run.job_id)
-        state, reason = reconcile(recorded, job)
         out.update(slurm_state=job.state, source=job.source, elapsed=job.elapsed, nodes=job.nodes,
                    slurm_exit_code=job.exit_code, slurm_reason=job.reason if job.state == "UNKNOWN" else "")
+    state, reason = run_state(run, job, recorded)
     out.update(state=state, reason=reason, exit_code=recorded.exit_code, restarts=recorded.restart or None)
     if state == rundir.FAILED and not reason.startswith("rank "):
         failure = first_failure(run)
@@ -134,7 +153,7 @@ def run_status(run: Run, job: slurm_cli.JobState | None = None) -> dict[str, Any
 
 
 def is_over(run: Run) -> bool:
-    return run_status(run)["state"] in rundir.FINAL_STATES | {"unknown"}
+    return run_state(run)[0] in rundir.FINAL_STATES | {"unknown"}
 
 
 def log_files(run: Run, rank: int | None = None) -> list[tuple[str, Path]]:
@@ -186,7 +205,7 @@ def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0
 
 def cancel_run(run: Run) -> str:
     """Cancel a run: record it (the local launcher ends the ranks when it sees it), and scancel on Slurm."""
-    state = run_status(run)["state"]
+    state = run_state(run)[0]
     if state in rundir.FINAL_STATES:
         return f"{run.name} has already ended ({state}); nothing to cancel"
     if run.cluster != "local":

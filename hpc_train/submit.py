@@ -22,7 +22,7 @@ from .config import JobSpec, JobSources, Resolved, dump_yaml
 from .errors import HpcTrainError, JobFailedError, SubmitError
 from .render import LaunchSpec, array_tasks, render_sbatch
 from .run_index import load_run, register
-from .run_status import follow_logs, is_over, run_status
+from .run_status import follow_logs, is_over, run_state, run_status
 from .undo import Created
 from .submission import (Cluster, SubmitResult, choose_cluster, code_snapshot, continue_run_record,
                          resolve_python, run_record, write_run_files)
@@ -56,12 +56,19 @@ def render_plain(spec: JobSpec, sources: JobSources, *, cwd: Path | None = None,
                          array_specs=sweep)
 
 
-def with_site_gpu_flag(spec: JobSpec) -> JobSpec:
-    """When the site has not chosen ``slurm.gpu_flag``, let the reachable Slurm's version choose."""
-    if spec.slurm.gpu_flag is not None or spec.slurm.gpus_per_node == 0:
-        return spec
-    flag = slurm_cli.gpu_flag_for(slurm_cli.version())
-    return dataclasses.replace(spec, slurm=dataclasses.replace(spec.slurm, gpu_flag=flag))
+def with_site_gpu_flag(resolved: Resolved) -> tuple[JobSpec, list[JobSpec]]:
+    """The job and its sweep points with ``slurm.gpu_flag`` set, where the site has not chosen it, by the
+    reachable Slurm's version: asked once (``sinfo --version``), not once per sweep point."""
+    flag: str | None = None
+
+    def chosen(spec: JobSpec) -> JobSpec:
+        nonlocal flag
+        if spec.slurm.gpu_flag is not None or spec.slurm.gpus_per_node == 0:
+            return spec
+        flag = flag or slurm_cli.gpu_flag_for(slurm_cli.version())
+        return dataclasses.replace(spec, slurm=dataclasses.replace(spec.slurm, gpu_flag=flag))
+
+    return chosen(resolved.spec), [chosen(s) for s in resolved.sweep]
 
 
 def dry_run_script(spec: JobSpec, sources: JobSources, *, cwd: Path | None = None, interpreter: str | None = None,
@@ -133,8 +140,7 @@ class _SlurmSubmission:
     def __init__(self, resolved: Resolved, cwd: Path | None, interpreter: str | None,
                  snapshot: dict[str, str] | None = None) -> None:
         self.snapshot = snapshot
-        self.spec = with_site_gpu_flag(resolved.spec)
-        self.sweep = [with_site_gpu_flag(s) for s in resolved.sweep]
+        self.spec, self.sweep = with_site_gpu_flag(resolved)
         self.sources = resolved.sources
         self.root = rundir.runs_root(self.spec.runs_dir, cwd)
         self.group = rundir.run_group(self.root, self.spec.name)
@@ -272,8 +278,9 @@ def wait_for(result: SubmitResult, poll_s: float = WAIT_POLL_S) -> list[dict[str
         pid = int(run.record.get("launcher_pid") or 0)
         # A local launcher may still have launches of this run to go (a chain); Slurm shows a chain's next
         # job in squeue, which keeps the run queued.
-        while (status := run_status(run))["state"] not in rundir.FINAL_STATES | {"unknown"} or (pid and is_alive(pid)):
+        while run_state(run)[0] not in rundir.FINAL_STATES | {"unknown"} or (pid and is_alive(pid)):
             time.sleep(poll_s)
+        status = run_status(run)
         statuses.append(status)
         if status["state"] != rundir.COMPLETED:
             why = "; ".join(dict.fromkeys(w for w in (status.get("reason"), status.get("first_failure")) if w))

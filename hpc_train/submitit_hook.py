@@ -23,7 +23,7 @@ from submitit.slurm.slurm import SlurmJob
 
 from .config import JobSpec
 from .errors import TemplateError
-from .render import LaunchSpec, render_sbatch
+from .render import LaunchSpec, array_tasks, render_sbatch
 
 
 def submitit_launch(folder: Path, command: str, *, map_count: int | None = None,
@@ -110,7 +110,7 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
                                  array_parallelism=params.get("array_parallelism"))
         pack = self._spec.slurm.pack
         launch = dataclasses.replace(launch, run_dir=self._run_dir, pack=pack)
-        if map_count is not None and -(-len(self._array_specs) // pack) != map_count:
+        if map_count is not None and array_tasks(len(self._array_specs), pack) != map_count:
             raise TemplateError(f"submitit batched {map_count} jobs but {len(self._array_specs)} sweep points were "
                                 "rendered; submit sweeps through hpc_train.submit")
         return render_sbatch(self._spec, runs_root=self._runs_root, python=self._python, launch=launch,

@@ -67,8 +67,7 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
                    f"{'in ' + str(len(run_dirs)) + ' runs, one after another' if len(run_dirs) > 1 else ''}".rstrip(),
                    err=True)
         return
-    spec = submit_mod.with_site_gpu_flag(spec)
-    sweep = [submit_mod.with_site_gpu_flag(s) for s in resolved.sweep]
+    spec, sweep = submit_mod.with_site_gpu_flag(resolved)
     script = submit_mod.dry_run_script(spec, resolved.sources, sweep=sweep, max_parallel=max_parallel,
                                        resume_dir=resume_dir)
     click.echo(script, nl=False)

@@ -122,10 +122,10 @@ def report(runs: tuple[str, ...], runs_dir: str | None, seed_keys: tuple[str, ..
       hpc-train report 4242 --seed-key train.seed --seed-key train.data.seed --plot per-class.png
     """
     from .. import report as report_mod
-    from ..run_status import run_statuses
+    from ..run_status import run_states
 
     chosen = report_mod.select(runs, runs_root(runs_dir))
-    results = [report_mod.load(r, status["state"]) for r, status in zip(chosen, run_statuses(chosen))]
+    results = [report_mod.load(r, state) for r, state in zip(chosen, run_states(chosen))]
     data = report_mod.summarise(results, seed_keys or ("train.seed",))
     if plot is not None:
         report_mod.plot(results, data, plot)
