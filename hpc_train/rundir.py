@@ -214,7 +214,9 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
             if code == EXIT_OK and state == REQUEUED:
                 continue
             if state == derived and state in (FAILED, PREEMPTED):
-                exit_code = code  # keep what the ranks said; note the launch's own code
+                # Keep what the ranks said. The launch's code can be another rank's: with kill-on-bad-exit
+                # srun reports the SIGTERM (143) of a rank stopped after the first one failed with 2.
+                exit_code = code if exit_code is None else exit_code
             else:
                 state, reason, exit_code = derived, why, code
     return RunState(state=state, reason=reason, exit_code=exit_code, restart=restart, updated=updated,

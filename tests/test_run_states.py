@@ -29,6 +29,9 @@ def line(event, instance=None, **fields):
     ([line("running", "slurm:7.0"), line("failed", "slurm:7.0", reason="bad data", exit_code=2),
       line("failed", "slurm:7.0", reason="bad data too"), line("exit", "slurm:7.0", exit_code=2)],
      "failed", "bad data", 2),
+    # ...and its exit code survives a launch that ended with another rank's (killed by srun: 143).
+    ([line("running", "slurm:7.0"), line("failed", "slurm:7.0", reason="bad data", exit_code=2),
+      line("exit", "slurm:7.0", exit_code=143)], "failed", "bad data", 2),
     # Nothing but an exit code (a crash the rank could not report, or a user command).
     ([line("running", "slurm:7.0"), line("exit", "slurm:7.0", exit_code=3)], "failed", "exit code 3", 3),
     ([line("running", "slurm:7.0"), line("exit", "slurm:7.0", exit_code=137)], "failed", "killed by signal 9 (exit 137)", 137),

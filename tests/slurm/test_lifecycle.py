@@ -277,8 +277,12 @@ def test_time_limit_cap_then_resume(slurm_cluster, work):
     if steps_per_epoch is None:
         pytest.skip("needs test_submit_ranks_logs_status in the same session (it measures steps per epoch)")
     epochs = 400  # far more than fits before the time-limit signal
+    # slurmctld sends --signal at its 30 s periodic check once the signal is due within 30 s, so with a
+    # 60 s limit the signal comes at t = 60 - delay - [0, 30) s. A delay of 20 s puts it 10 s or more after
+    # the start, when the step's ranks exist and have their handler (a signal that comes before the step
+    # is launched is lost, and the job times out), and leaves 20 s or more to checkpoint before the limit.
     out = submit_json(slurm_cluster, "--nodes", "1", "--gpus", "2", *DEMO, "--set", f"train.epochs={epochs}",
-                      "--set", "slurm.signal_delay_s=50", "--set", "slurm.max_requeues=1", "--time", "1",
+                      "--set", "slurm.signal_delay_s=20", "--set", "slurm.max_requeues=1", "--time", "1",
                       "--name", "time-limit", cwd=work)
     job_id, run_dir = out["job_id"], Path(out["run_dir"])
     env = slurm_cluster.env
