@@ -5,11 +5,13 @@ Two places are looked at: the runs root of the layered configuration (``--runs-d
 file's ``runs_dir``, else ``./runs``), and the user's run index — one line per submitted run, appended
 by ``submit`` (``$HPC_TRAIN_STATE_DIR/runs.jsonl``, default ``~/.local/state/hpc-train/``), which knows
 the runs of job files with their own ``runs_dir``. Listing (``hpc-train status``) shows the runs under
-the root and the indexed runs submitted from this directory; a name or id is found anywhere.
+the root and the indexed runs submitted from this directory; a name or id is found anywhere. Past
+:data:`PRUNE_AT_BYTES` the index drops the lines of runs whose directory was deleted.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from dataclasses import dataclass
@@ -47,18 +49,42 @@ def index_path() -> Path:
     return Path(state_home) / "hpc-train" / "runs.jsonl"
 
 
-def register(run_dirs: list[Path], submit_dir: Path) -> str | None:
+PRUNE_AT_BYTES = 1 << 20
+"""An index this large (about 7,000 runs) drops the lines of runs whose directory is gone."""
+
+
+def register(run_dirs: list[Path], submit_dir: Path, prune_at_bytes: int = PRUNE_AT_BYTES) -> str | None:
     """Add submitted runs to the index; a warning (not an error: the job is queued already) when it cannot."""
     path = index_path()
     lines = "".join(json.dumps({"run_dir": str(d), "submit_dir": str(submit_dir), "time": rundir.now()}) + "\n"
                     for d in run_dirs)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(lines)
+        # One lock for appending and pruning: a prune replaces the file, and a line appended meanwhile to
+        # the replaced one would be lost. Readers need none (the replacement is a rename).
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(lines)
+                size = handle.tell()
+            if size > prune_at_bytes:
+                _prune(path)
     except OSError as exc:
         return f"could not record the run in {path} ({exc.strerror or exc}); find it with --runs-dir"
     return None
+
+
+def _prune(path: Path) -> None:
+    """Keep the lines of runs whose directory still exists (deleted runs are never found again anyway)."""
+    kept = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("run_dir"), str) and _is_run_dir(Path(entry["run_dir"])):
+            kept.append(line + "\n")
+    rundir.write_text_atomic(path, "".join(kept))
 
 
 def _indexed(submit_dir: Path | None = None) -> list[Path]:
