@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from . import rundir
 from .errors import ConfigError
@@ -76,15 +76,20 @@ def register(run_dirs: list[Path], submit_dir: Path, prune_at_bytes: int = PRUNE
 
 def _prune(path: Path) -> None:
     """Keep the lines of runs whose directory still exists (deleted runs are never found again anyway)."""
-    kept = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    text = path.read_text(encoding="utf-8", errors="replace")
+    rundir.write_text_atomic(path, "".join(line + "\n" for line, entry in _entries(text)
+                                           if _is_run_dir(Path(entry["run_dir"]))))
+
+
+def _entries(text: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The index's lines that name a run directory, with what they say (a torn or foreign line is skipped)."""
+    for line in text.splitlines():
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(entry, dict) and isinstance(entry.get("run_dir"), str) and _is_run_dir(Path(entry["run_dir"])):
-            kept.append(line + "\n")
-    rundir.write_text_atomic(path, "".join(kept))
+        if isinstance(entry, dict) and isinstance(entry.get("run_dir"), str):
+            yield line, entry
 
 
 def _indexed(submit_dir: Path | None = None) -> list[Path]:
@@ -93,13 +98,7 @@ def _indexed(submit_dir: Path | None = None) -> list[Path]:
     except OSError:
         return []
     found: dict[str, None] = {}
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("run_dir"), str):
-            continue
+    for _, entry in _entries(text):
         if submit_dir is None or entry.get("submit_dir") == str(submit_dir):
             found[entry["run_dir"]] = None
     return [Path(p) for p in found if _is_run_dir(Path(p))]
