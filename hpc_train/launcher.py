@@ -170,11 +170,11 @@ def run_launch(launch: Launch, python: str, cwd: str) -> int:
     run_dir = Path(launch.run_dir)
     (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
     with open(run_dir / rundir.BATCH_LOG, "a", encoding="utf-8") as batch_log:
-        if rundir.read_state(run_dir).state == rundir.CANCELLED:
+        events = rundir.read_events(run_dir)
+        if rundir.fold(events).state == rundir.CANCELLED:
             _log(batch_log, "cancelled before it started")
             return 128 + signal.SIGTERM
-        launches = sum(1 for e in rundir.read_events(run_dir) if e.get("event") == rundir.RUNNING
-                       and e.get("writer") == "launcher")
+        launches = sum(1 for e in events if e.get("event") == rundir.RUNNING and e.get("writer") == "launcher")
         instance, restart = _instance(launch, launches)
         rundir.append_event(run_dir, rundir.RUNNING, writer="launcher", instance=instance, restart=restart,
                             job_id=launch.run_id, pid=os.getpid())

@@ -98,13 +98,12 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
         if resume_dir is not None:
             run_dirs = [resume_dir]
             created.write(resume_dir / rundir.JOB_YAML, dump_yaml(spec))  # --set may change the continued run
-            continue_run_record(resume_dir, resume_dir.name, _logs(resume_dir))
-            rundir.append_event(resume_dir, rundir.QUEUED, writer="submit", job_id=resume_dir.name)
+            continue_run_record(resume_dir, resume_dir.name, rundir.own_logs(resume_dir))
         else:
             run_dirs = [group / run_id for run_id in new_run_ids(len(specs))]
             for task_spec, run_dir in zip(specs, run_dirs):
                 record = run_record(task_spec, resolved.sources, run_dir, job_id=run_dir.name, cluster="local",
-                                    logs=_logs(run_dir))
+                                    logs=rundir.own_logs(run_dir))
                 write_run_files(created, run_dir, task_spec, record, snapshot=snapshot)
         launches = [launcher.as_dict(launcher.launch_for(s, d)) for s, d in zip(specs, run_dirs)]
         launches += [launches[-1]] * (chain - 1)  # a chain: the same run again, resuming
@@ -128,10 +127,6 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
     return SubmitResult(job_id=first.name, run_name=f"{spec.name}/{first.name}", run_dir=str(first), cluster="local",
                         note="; ".join(notes), tasks=tuple(d.name for d in run_dirs) if len(run_dirs) > 1 else (),
                         run_dirs=tuple(str(d) for d in run_dirs))
-
-
-def _logs(run_dir: Path) -> dict[str, str]:
-    return {"batch": str(run_dir / rundir.BATCH_LOG), "rank_out": str(run_dir / rundir.RANK_LOG)}
 
 
 def _note_launcher(run_dir: Path, pid: int) -> None:

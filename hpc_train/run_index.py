@@ -115,8 +115,7 @@ def load_run(run_dir: Path) -> Run:
     except (OSError, json.JSONDecodeError):
         record = {}
     if not record:  # a plain `sbatch` of a rendered script: the directory layout says it all
-        record = {"job_id": run_dir.name, "cluster": "slurm",
-                  "logs": {"batch": str(run_dir / rundir.BATCH_LOG), "rank_out": str(run_dir / rundir.RANK_LOG)}}
+        record = {"job_id": run_dir.name, "cluster": "slurm", "logs": rundir.own_logs(run_dir)}
     return Run(run_dir=run_dir, record=record)
 
 

@@ -52,6 +52,12 @@ SUMMARY = "summary.json"
 RUN_DIR_ENV = "HPC_TRAIN_RUN_DIR"
 """Set by the batch shell and the local launcher for every rank: the run directory."""
 
+
+def own_logs(run_dir: Path) -> dict[str, str]:
+    """The run record's ``logs`` of a run that writes them in its own directory (a local or packed run, a
+    plain ``sbatch`` of a rendered script), not in submitit's folder."""
+    return {"batch": str(run_dir / BATCH_LOG), "rank_out": str(run_dir / RANK_LOG)}
+
 # States -------------------------------------------------------------------------------------------
 QUEUED, RUNNING, COMPLETED, FAILED, CANCELLED, PREEMPTED, REQUEUED = (
     "queued", "running", "completed", "failed", "cancelled", "preempted", "requeued")

@@ -160,7 +160,7 @@ def write_run_files(created: Created, run_dir: Path, spec: JobSpec, record: Mapp
 
 
 def continue_run_record(run_dir: Path, job_id: str, logs: Mapping[str, str]) -> None:
-    """A continuation (``--resume``, ``--chain``) notes its job in the run's record."""
+    """A continuation (``--resume``, ``--chain``) notes its job in the run's record and its state log."""
     path = run_dir / rundir.RUN_JSON
     try:
         record = json.loads(path.read_text()) if path.exists() else {"run_dir": str(run_dir)}
@@ -169,6 +169,7 @@ def continue_run_record(run_dir: Path, job_id: str, logs: Mapping[str, str]) -> 
     record.setdefault("continued_by", []).append({"job_id": job_id, "logs": dict(logs)})
     record["job_id"], record["logs"] = job_id, dict(logs)
     rundir.write_json_atomic(path, record)
+    rundir.append_event(run_dir, rundir.QUEUED, writer="submit", job_id=job_id)
 
 
 def resumable(run_dir: Path, state: str) -> None:

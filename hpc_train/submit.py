@@ -22,7 +22,7 @@ from .config import JobSpec, JobSources, Resolved, dump_yaml
 from .errors import HpcTrainError, JobFailedError, SubmitError
 from .render import LaunchSpec, array_tasks, render_sbatch
 from .run_index import load_run, register
-from .run_status import follow_logs, is_over, run_state, run_status
+from .run_status import follow_logs, is_over, run_status
 from .undo import Created
 from .submission import (Cluster, SubmitResult, choose_cluster, code_snapshot, continue_run_record,
                          resolve_python, run_record, write_run_files)
@@ -173,7 +173,6 @@ class _SlurmSubmission:
             return job, run_dir
         self.created.write(resume_dir / f"job-{job_id}.sbatch", script)
         continue_run_record(resume_dir, job_id, logs)
-        rundir.append_event(resume_dir, rundir.QUEUED, writer="submit", job_id=job_id)
         return job, resume_dir
 
     def array(self, max_parallel: int | None) -> SubmitResult:
@@ -195,8 +194,7 @@ class _SlurmSubmission:
         for point, task_spec in enumerate(self.sweep):
             task_id = str(jobs[point // pack].job_id)
             run_dir = self.group / f"{array_id}_{point}"
-            logs = _submitit_logs(self.folder, task_id) if pack == 1 else {
-                "batch": str(run_dir / rundir.BATCH_LOG), "rank_out": str(run_dir / rundir.RANK_LOG)}
+            logs = _submitit_logs(self.folder, task_id) if pack == 1 else rundir.own_logs(run_dir)
             record = run_record(task_spec, self.sources, run_dir, job_id=task_id, cluster="slurm", logs=logs,
                                 extra={"submitit_folder": str(self.folder), "array_job_id": array_id,
                                        "pack": pack})
@@ -278,7 +276,7 @@ def wait_for(result: SubmitResult, poll_s: float = WAIT_POLL_S) -> list[dict[str
         pid = int(run.record.get("launcher_pid") or 0)
         # A local launcher may still have launches of this run to go (a chain); Slurm shows a chain's next
         # job in squeue, which keeps the run queued.
-        while run_state(run)[0] not in rundir.FINAL_STATES | {"unknown"} or (pid and is_alive(pid)):
+        while not is_over(run) or (pid and is_alive(pid)):
             time.sleep(poll_s)
         status = run_status(run)
         statuses.append(status)

@@ -114,7 +114,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
     """
     from .. import submit as submit_mod
     from ..run_index import resolve_run
-    from ..run_status import run_status
+    from ..run_status import run_state
     from ..submission import continued_job_file, resumable, shared_filesystem_warning
 
     resume_dir = None
@@ -125,7 +125,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
         if kwargs.get("sweeps") or kwargs.get("sweep_file"):
             raise ConfigError("--resume continues one run; it takes no --sweep")
         run = resolve_run(resume, runs_root(kwargs.get("runs_dir")))
-        resumable(run.run_dir, run_status(run)["state"])
+        resumable(run.run_dir, run_state(run)[0])  # the state alone: no metrics or logs read
         resume_dir, job_file = run.run_dir, continued_job_file(run.run_dir)
     resolved = resolve(kwargs, job_file)
     if dry_run:
