@@ -112,8 +112,6 @@ class LaunchSpec:
     """``--array`` value (``0-2%2``) for sweeps."""
     run_dir: str | None = None
     """Continue this run directory (``submit --resume`` / ``--chain``) instead of a new one per job id."""
-    pack: int = 1
-    """Sweep points per array task (``--pack K``): the task's points run together, each its own run."""
 
 
 def array_tasks(points: int, pack: int) -> int:
@@ -209,8 +207,9 @@ def render_sbatch(
     launch = launch or LaunchSpec()
     if array_specs and not launch.array:
         raise TemplateError("array_specs given without an --array range")
-    if launch.pack > 1 and not array_specs:
-        launch = replace(launch, pack=1)  # one point: nothing to pack
+    if spec.slurm.pack > 1 and not array_specs:
+        # One job: nothing to pack, and no cores to ask for beyond its own (sbatch_cpus_per_task counts pack).
+        spec = replace(spec, slurm=replace(spec.slurm, pack=1))
     env = environment(site_dirs)
     name = spec.slurm.template
     try:

@@ -50,7 +50,7 @@ def render_plain(spec: JobSpec, sources: JobSources, *, cwd: Path | None = None,
     if sweep:
         tasks = array_tasks(len(sweep), spec.slurm.pack)
         launch = LaunchSpec(stdout="slurm-%x-%A_%a.out", stderr="slurm-%x-%A_%a.out",
-                            array=_array_range(tasks, max_parallel), pack=spec.slurm.pack)
+                            array=_array_range(tasks, max_parallel))
     return render_sbatch(spec, runs_root=str(rundir.runs_root(spec.runs_dir, cwd)),
                          python=resolve_python(spec, interpreter), launch=launch, site_dirs=sources.template_dirs,
                          array_specs=sweep)
@@ -83,7 +83,7 @@ def dry_run_script(spec: JobSpec, sources: JobSources, *, cwd: Path | None = Non
     launch = submitit_launch(folder, _submitit_command(python, folder),
                              map_count=array_tasks(len(sweep), spec.slurm.pack) if sweep else None,
                              array_parallelism=max_parallel)
-    launch = dataclasses.replace(launch, run_dir=str(resume_dir) if resume_dir else None, pack=spec.slurm.pack)
+    launch = dataclasses.replace(launch, run_dir=str(resume_dir) if resume_dir else None)
     return render_sbatch(spec, runs_root=str(root), python=python, launch=launch, site_dirs=sources.template_dirs,
                          array_specs=sweep)
 

@@ -108,9 +108,8 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         map_count = params.get("map_count")
         launch = submitit_launch(self.folder, command, map_count=map_count,
                                  array_parallelism=params.get("array_parallelism"))
-        pack = self._spec.slurm.pack
-        launch = dataclasses.replace(launch, run_dir=self._run_dir, pack=pack)
-        if map_count is not None and array_tasks(len(self._array_specs), pack) != map_count:
+        launch = dataclasses.replace(launch, run_dir=self._run_dir)
+        if map_count is not None and array_tasks(len(self._array_specs), self._spec.slurm.pack) != map_count:
             raise TemplateError(f"submitit batched {map_count} jobs but {len(self._array_specs)} sweep points were "
                                 "rendered; submit sweeps through hpc_train.submit")
         return render_sbatch(self._spec, runs_root=self._runs_root, python=self._python, launch=launch,

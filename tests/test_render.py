@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,7 +66,6 @@ def render_variant(variant):
         folder = Path("/shared/project/runs/cifar100-lt/.submitit")
         launch = submitit_launch(folder, f"python -u -m submitit.core._submit {folder}",
                                  map_count=render.array_tasks(len(sweep), 2) if sweep else None)
-        launch = replace(launch, pack=spec.slurm.pack)
     return render_sbatch(spec, runs_root="/shared/project/runs", python="/shared/envs/lt/bin/python", launch=launch,
                          array_specs=sweep)
 
@@ -112,6 +110,18 @@ def test_header_lines():
     assert "#SBATCH --ntasks-per-node=1" in torch_text and "#SBATCH --cpus-per-task=64" in torch_text
     assert "#SBATCH --signal=B:USR2@120" in torch_text and "--nproc-per-node=8" in torch_text
     assert "#SBATCH --gres=gpu:8" in render_variant("srun-plain-pyxis")
+
+
+def test_a_pack_without_a_sweep_is_one_job_with_its_own_cores():
+    # --pack K asks for K points' cores per array task; a single job has one point and must not ask for more
+    # than its srun line uses.
+    spec, _ = resolve_job(None, site=NO_SITE, flags={"slurm.pack": 4, "slurm.gpus_per_node": 0,
+                                                      "slurm.tasks_per_node": 1, "slurm.cpus_per_task": 3})
+    lines = render_sbatch(spec, runs_root="/r", python="python3").splitlines()
+    assert "#SBATCH --cpus-per-task=3" in lines and "packed" not in "\n".join(lines)
+    packed = render_sbatch(spec, runs_root="/r", python="python3", launch=LaunchSpec(array="0-1"),
+                           array_specs=[spec, spec])
+    assert "#SBATCH --cpus-per-task=12" in packed.splitlines() and "# --pack 4:" in packed
 
 
 def test_no_gpu_line_for_cpu_jobs():
