@@ -85,7 +85,7 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
                  note: str = "", snapshot: dict[str, str] | None = None):
     """Write the run directories and start the local launcher; returns at once (like sbatch)."""
     from .config import dump_yaml
-    from .submission import SubmitResult, continue_run_record, run_record, write_run_files
+    from .submission import SubmitResult, continue_run_record, run_record, submission_facts, write_run_files
     from .undo import Created
 
     cwd = (cwd or Path.cwd()).resolve()
@@ -101,9 +101,10 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
             continue_run_record(resume_dir, resume_dir.name, rundir.own_logs(resume_dir))
         else:
             run_dirs = [group / run_id for run_id in new_run_ids(len(specs))]
+            facts = submission_facts()
             for task_spec, run_dir in zip(specs, run_dirs):
                 record = run_record(task_spec, resolved.sources, run_dir, job_id=run_dir.name, cluster="local",
-                                    logs=rundir.own_logs(run_dir))
+                                    logs=rundir.own_logs(run_dir), submission=facts)
                 write_run_files(created, run_dir, task_spec, record, snapshot=snapshot)
         launches = [launcher.as_dict(launcher.launch_for(s, d)) for s, d in zip(specs, run_dirs)]
         launches += [launches[-1]] * (chain - 1)  # a chain: the same run again, resuming

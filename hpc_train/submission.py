@@ -120,20 +120,30 @@ def code_snapshot(path: Path) -> dict[str, str] | None:
     return {"code.json": json.dumps(info, indent=2) + "\n", "code.diff": diff}
 
 
+def submission_facts() -> dict[str, Any]:
+    """What every run of one submission shares in its run.json: when, from where, with which code (asked once
+    per submission, not once per sweep point)."""
+    return {
+        "submitted_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "submit_host": socket.gethostname(),
+        "submit_dir": str(Path.cwd()),
+        "hpc_train_version": __version__,
+        "git_sha": git_sha(Path.cwd()),
+    }
+
+
 def run_record(spec: JobSpec, sources: JobSources, run_dir: Path, *, job_id: str, cluster: str,
-               logs: Mapping[str, str], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """run.json: who submitted what, from where, with which code, and where the logs are."""
+               logs: Mapping[str, str], submission: Mapping[str, Any],
+               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """run.json: who submitted what, from where, with which code (``submission``: :func:`submission_facts`),
+    and where the logs are."""
     return {
         "job_id": job_id,
         "name": spec.name,
         "run_name": f"{spec.name}/{run_dir.name}",
         "run_dir": str(run_dir),
         "cluster": cluster,
-        "submitted_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "submit_host": socket.gethostname(),
-        "submit_dir": str(Path.cwd()),
-        "hpc_train_version": __version__,
-        "git_sha": git_sha(Path.cwd()),
+        **submission,
         "job_file": str(sources.job_file) if sources.job_file else None,
         "site_file": str(sources.site_file) if sources.site_file else None,
         "nodes": spec.slurm.nodes,

@@ -25,7 +25,7 @@ from .run_index import load_run, register
 from .run_status import follow_logs, is_over, run_status
 from .undo import Created
 from .submission import (Cluster, SubmitResult, choose_cluster, code_snapshot, continue_run_record,
-                         resolve_python, run_record, write_run_files)
+                         resolve_python, run_record, submission_facts, write_run_files)
 
 WAIT_POLL_S = 1.0
 
@@ -148,6 +148,7 @@ class _SlurmSubmission:
         self.created = Created()
         self.queued: list[str] = []
         self.folder = self.created.mkdir(submitit_folder(self.group))
+        self.facts = submission_facts()
 
     def executor(self, spec: JobSpec, resume_dir: Path | None = None):
         from .submitit_hook import TemplateSlurmExecutor
@@ -168,7 +169,7 @@ class _SlurmSubmission:
         if resume_dir is None:
             run_dir = self.group / job_id
             record = run_record(spec, self.sources, run_dir, job_id=job_id, cluster="slurm", logs=logs,
-                                extra={"submitit_folder": str(self.folder)})
+                                submission=self.facts, extra={"submitit_folder": str(self.folder)})
             write_run_files(self.created, run_dir, spec, record, script=script, snapshot=self.snapshot)
             return job, run_dir
         self.created.write(resume_dir / f"job-{job_id}.sbatch", script)
@@ -196,8 +197,8 @@ class _SlurmSubmission:
             run_dir = self.group / f"{array_id}_{point}"
             logs = _submitit_logs(self.folder, task_id) if pack == 1 else rundir.own_logs(run_dir)
             record = run_record(task_spec, self.sources, run_dir, job_id=task_id, cluster="slurm", logs=logs,
-                                extra={"submitit_folder": str(self.folder), "array_job_id": array_id,
-                                       "pack": pack})
+                                submission=self.facts,
+                                extra={"submitit_folder": str(self.folder), "array_job_id": array_id, "pack": pack})
             write_run_files(self.created, run_dir, task_spec, record, script=script, snapshot=self.snapshot)
             run_dirs.append(str(run_dir))
         packed = f", {pack} point(s) per task" if pack > 1 else ""

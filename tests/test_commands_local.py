@@ -136,5 +136,7 @@ def test_snapshot_records_the_code_that_runs(tmp_path):
     code = json.loads((run_dir / "code.json").read_text())
     head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     assert code["git_sha"] == head.strip() and code["dirty"] and "notes.txt" in code["untracked"]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["git_sha"] == head.strip() and record["submit_dir"] == str(tmp_path)
     assert "+print('v2, not committed')" in (run_dir / "code.diff").read_text()
     assert "v2, not committed" in (run_dir / "logs" / "rank-0.log").read_text()
