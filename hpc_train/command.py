@@ -108,6 +108,8 @@ def run(spec, run_dir: Path) -> NoReturn:
 def start(load_spec: Callable[[], Any], run_dir: Path) -> int:
     """Read the job and become its command; an exit code (and a line on stderr, and the reason in the run's
     state) when that cannot happen."""
+    from .train.rank import record_failure  # torch-free: the trainer's ranks record their failure the same way
+
     try:
         spec = load_spec()
         if not spec.command:
@@ -115,11 +117,11 @@ def start(load_spec: Callable[[], Any], run_dir: Path) -> int:
         run(spec, run_dir)
     except HpcTrainError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        _record_failure(run_dir, str(exc), exc.exit_code)
+        record_failure(run_dir, str(exc), exc.exit_code)
         return exc.exit_code
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        _record_failure(run_dir, str(exc), rundir.EXIT_FAILED)
+        record_failure(run_dir, str(exc), rundir.EXIT_FAILED)
         return rundir.EXIT_FAILED
 
 
@@ -137,16 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         return spec_from_yaml_text(read_text_file(job_file, "job file"), str(job_file))
 
     return start(load_spec, Path(os.environ.get(rundir.RUN_DIR_ENV) or job_file.parent))
-
-
-def _record_failure(run_dir: Path, reason: str, code: int) -> None:
-    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID")
-    instance, restart = rundir.instance_of()
-    try:
-        rundir.append_event(run_dir, rundir.FAILED, writer=f"rank {rank or '?'}", instance=instance,
-                            restart=restart, host=socket.gethostname(), exit_code=code, reason=reason)
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":

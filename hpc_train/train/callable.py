@@ -26,14 +26,10 @@ def _exit_quietly_after_submitit() -> None:
     import atexit
     import sys
 
+    from .rank import exit_now
+
     if os.environ.get("SUBMITIT_EXECUTOR") in ("slurm", "local") and "submitit" in " ".join(sys.argv):
-
-        def _exit() -> None:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
-
-        atexit.register(_exit)
+        atexit.register(exit_now, 0)
 
 
 class TrainJob:
@@ -114,9 +110,9 @@ class TorchrunJob(TrainJob):
         for name in {spec.slurm.signal, "USR2"}:
             signal.signal(preempt.signal_number(name), signal.SIG_IGN)  # inherited by torchrun and its workers
         env = os.environ
-        run_dir = Path(self.run_dir or env.get("HPC_TRAIN_RUN_DIR", ""))
+        run_dir = Path(self.run_dir or env.get(rundir.RUN_DIR_ENV, ""))
         missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_NUM_NODES", "SLURM_JOB_ID") if not env.get(k)]
-        if missing or not (run_dir / "job.yaml").is_file():
+        if missing or not (run_dir / rundir.JOB_YAML).is_file():
             raise RuntimeError(f"the torchrun launcher needs the batch shell's {', '.join(missing) or 'job.yaml'}: "
                                "submit it with hpc-train (its sbatch template sets them)")
         command = [
@@ -124,7 +120,7 @@ class TorchrunJob(TrainJob):
             f"--nnodes={env['SLURM_JOB_NUM_NODES']}", f"--nproc-per-node={spec.slurm.ranks_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={env['MASTER_ADDR']}:{env['MASTER_PORT']}",
             f"--rdzv-id={env['SLURM_JOB_ID']}", "--max-restarts=0",
-            "-m", "hpc_train.command" if spec.command else "hpc_train.train", "--resolved", str(run_dir / "job.yaml"),
+            "-m", "hpc_train.command" if spec.command else "hpc_train.train", "--resolved", str(run_dir / rundir.JOB_YAML),
         ]
         returncode = subprocess.run(command, check=False).returncode
         state = rundir.read_state(run_dir).state
