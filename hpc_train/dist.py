@@ -24,7 +24,7 @@ import socket
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
-from . import hostlist
+from . import hostlist, rundir
 from .errors import HpcTrainError
 
 Source = Literal["torchrun", "local", "slurm", "submitit-local", "single"]
@@ -267,7 +267,7 @@ def launch_info(environ: Mapping[str, str] | None = None) -> dict[str, str | int
     return {"run_dir": env.get("HPC_TRAIN_RUN_DIR"), "checkpoint_dir": env.get("HPC_TRAIN_CHECKPOINT_DIR"),
             "restart": int(restart) if restart.isdigit() else 0, "signal": env.get("HPC_TRAIN_SIGNAL", "USR2"),
             "signal_delay_s": int(env.get("HPC_TRAIN_SIGNAL_DELAY_S") or 0) or None,
-            "exit_requeue": int(env.get("HPC_TRAIN_EXIT_REQUEUE") or 75)}
+            "exit_requeue": int(env.get("HPC_TRAIN_EXIT_REQUEUE") or rundir.EXIT_CHECKPOINTED)}
 
 
 def setup(*, backend: str | None = None, timeout_s: int = 600) -> DistEnv:

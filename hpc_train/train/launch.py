@@ -28,7 +28,6 @@ from .rank import RunOutcome
 
 log = logging.getLogger("hpc_train.train")
 
-RUN_DIR_ENV = rundir.RUN_DIR_ENV
 
 
 class _RankFormatter(logging.Formatter):
@@ -121,8 +120,8 @@ def default_run_dir(spec: JobSpec) -> Path:
 def choose_run_dir(spec: JobSpec, explicit: str | None) -> Path:
     if explicit:
         return Path(explicit)
-    if os.environ.get(RUN_DIR_ENV):
-        return Path(os.environ[RUN_DIR_ENV])
+    if os.environ.get(rundir.RUN_DIR_ENV):
+        return Path(os.environ[rundir.RUN_DIR_ENV])
     return default_run_dir(spec)
 
 

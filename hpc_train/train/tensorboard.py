@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from .. import rundir
 from .metrics import append_jsonl
 
 EVENTS_DIR = "tensorboard"
@@ -120,7 +121,7 @@ _writers: dict[Path, EventWriter] = {}
 
 def write_metrics(run_dir: Path, metrics: dict[str, Any], tensorboard: bool) -> None:
     """Append one evaluation record to metrics.jsonl and, with ``train.tensorboard``, to the event file."""
-    append_jsonl(run_dir / "metrics.jsonl", metrics)
+    append_jsonl(run_dir / rundir.METRICS, metrics)
     if tensorboard:
         if run_dir not in _writers:
             _writers[run_dir] = EventWriter(run_dir)
