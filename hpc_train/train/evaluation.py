@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .batchnorm import broadcast_buffers
-from .losses import log_prior, target_mask
+from .losses import log_prior, posthoc_adjust, target_mask
 from .metrics import summarize
 from .models import LongTailNet
 from .pipeline import Feed
@@ -50,7 +50,7 @@ class Evaluator:
         self.posthoc_tau, self.run_dir, self.is_main = posthoc_tau, run_dir, is_main
         self.tensorboard = tensorboard
         """Records also go to TensorBoard event files (``train.tensorboard``)."""
-        self._log_prior: Tensor | None = None
+        self._log_prior = None if posthoc_tau is None else log_prior(train_counts, torch.float32, feed.device)
         self.best: dict[str, Any] | None = None
         self.last: dict[str, Any] | None = None
         self.images = 0
@@ -106,12 +106,9 @@ class Evaluator:
     def heads(self) -> dict[str, Head]:
         classifier = self.model.classifier
         heads: dict[str, Head] = {"plain": lambda f: classifier(f.to(classifier.weight.dtype))}
-        tau = self.posthoc_tau
-        if tau is not None:
-            if self._log_prior is None:  # made once: a copy from the host per evaluation would wait for the GPU
-                self._log_prior = log_prior(self.counts, torch.float32, self.feed.device)
-            prior = self._log_prior
-            heads["posthoc"] = lambda f: classifier(f).float() - tau * prior  # posthoc_adjust, the prior kept
+        tau, prior = self.posthoc_tau, self._log_prior
+        if tau is not None and prior is not None:
+            heads["posthoc"] = lambda f: posthoc_adjust(classifier(f).float(), prior, tau)
         return heads
 
     # ------------------------------------------------------------------------------------------------

@@ -210,6 +210,7 @@ def log_prior(counts: Sequence[int], dtype: torch.dtype = torch.float32,
     return torch.tensor([math.log(max(c, 1) / total) for c in counts], dtype=dtype, device=device)
 
 
-def posthoc_adjust(logits: Tensor, counts: Sequence[int], tau: float) -> Tensor:
-    """Post-hoc logit adjustment (Menon et al.): predict argmax of logits - τ·log π_c."""
-    return logits - tau * log_prior(counts, logits.dtype, logits.device)
+def posthoc_adjust(logits: Tensor, prior: Tensor, tau: float) -> Tensor:
+    """Post-hoc logit adjustment (Menon et al.): predict argmax of logits - τ·log π_c (``prior``:
+    :func:`log_prior`, made once by the caller: a copy from the host per call would wait for the GPU)."""
+    return logits - tau * prior.to(logits.dtype)

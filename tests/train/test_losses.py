@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from hpc_train.config import LossConfig  # noqa: E402
 from hpc_train.train.losses import (  # noqa: E402
-    BalancedSoftmaxLoss, LogitAdjustedLoss, build_loss, class_balanced_weights, ldam_margins, posthoc_adjust,
+    BalancedSoftmaxLoss, LogitAdjustedLoss, build_loss, class_balanced_weights, ldam_margins, log_prior, posthoc_adjust,
 )
 
 LOGITS = [[2.0, 1.0, 0.0], [0.5, 0.5, 3.0], [-1.0, 2.0, 0.5], [0.0, 0.0, 0.0]]
@@ -129,7 +129,7 @@ def test_balanced_softmax_equals_logit_adjustment_at_tau_one():
 def test_posthoc_adjustment_by_hand():
     total = sum(COUNTS)
     logits = torch.tensor([[1.0, 0.8, 0.7]])
-    adjusted = posthoc_adjust(logits, COUNTS, tau=1.0)[0].tolist()
+    adjusted = posthoc_adjust(logits, log_prior(COUNTS), tau=1.0)[0].tolist()
     expected = [v - math.log(n / total) for v, n in zip([1.0, 0.8, 0.7], COUNTS)]
     assert adjusted == pytest.approx(expected, rel=1e-6)
     assert int(logits.argmax()) == 0 and max(range(3), key=lambda i: expected[i]) == 2  # the tail wins
