@@ -1,7 +1,7 @@
 """The one error family of hpc-train.
 
-Library code raises these; only ``hpc_train/cli.py`` turns them into click errors and exit codes,
-so nothing here imports click. Messages say what is wrong *and* what to do about it, in one or two lines.
+Library code raises these; only the CLI (``hpc_train/cli/__init__.py``) turns them into click errors and
+exit codes, so nothing here imports click. Messages say what is wrong *and* what to do about it, in one or two lines.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from . import rundir
 from .errors import ConfigError
-from .run_index import Run, all_runs, load_run
+from .run_index import Run, all_runs, is_run_dir, load_run
 
 METRICS = ("top1", "balanced", "many", "medium", "few")
 HEADERS = {"top1": "top-1", "balanced": "balanced", "many": "many", "medium": "medium", "few": "few"}
@@ -121,7 +121,7 @@ def select(refs: Sequence[str], root: Path) -> list[Run]:
     chosen: dict[Path, Run] = {}
     for ref in refs:
         path = Path(ref)
-        if (path / rundir.RUN_JSON).is_file() or (path / rundir.JOB_YAML).is_file():
+        if is_run_dir(path):
             found = [load_run(path.resolve())]
         elif path.is_dir() and any((d / rundir.JOB_YAML).is_file() for d in path.iterdir() if d.is_dir()):
             found = [load_run(d.resolve()) for d in sorted(path.iterdir()) if (d / rundir.JOB_YAML).is_file()]

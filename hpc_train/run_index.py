@@ -78,7 +78,7 @@ def _prune(path: Path) -> None:
     """Keep the lines of runs whose directory still exists (deleted runs are never found again anyway)."""
     text = path.read_text(encoding="utf-8", errors="replace")
     rundir.write_text_atomic(path, "".join(line + "\n" for line, entry in _entries(text)
-                                           if _is_run_dir(Path(entry["run_dir"]))))
+                                           if is_run_dir(Path(entry["run_dir"]))))
 
 
 def _entries(text: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -101,10 +101,10 @@ def _indexed(submit_dir: Path | None = None) -> list[Path]:
     for _, entry in _entries(text):
         if submit_dir is None or entry.get("submit_dir") == str(submit_dir):
             found[entry["run_dir"]] = None
-    return [Path(p) for p in found if _is_run_dir(Path(p))]
+    return [Path(p) for p in found if is_run_dir(Path(p))]
 
 
-def _is_run_dir(path: Path) -> bool:
+def is_run_dir(path: Path) -> bool:
     return path.is_dir() and any((path / name).exists() for name in (rundir.RUN_JSON, rundir.JOB_YAML))
 
 
@@ -124,7 +124,7 @@ def _under(root: Path) -> list[Path]:
     if root.is_dir():
         for group in sorted(root.iterdir()):
             if group.is_dir() and not group.name.startswith("."):
-                found.extend(d for d in sorted(group.iterdir()) if _is_run_dir(d))
+                found.extend(d for d in sorted(group.iterdir()) if is_run_dir(d))
     return found
 
 
@@ -147,7 +147,7 @@ def resolve_run(ref: str, root: Path) -> Run:
     """A run by path, ``name/run id``, job id (``4242``, ``4242_1``) or job name (its latest run), under
     ``root`` or anywhere in the index."""
     path = Path(ref)
-    if _is_run_dir(path):
+    if is_run_dir(path):
         return load_run(path)
     runs = all_runs(root)
     for matcher in (lambda r: r.name == ref, lambda r: r.job_id == ref or r.run_dir.name == ref,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +23,6 @@ FLAG_KEYS = {
     "name": "name",
     "runs_dir": "runs_dir",
     "pack": "slurm.pack",
-    "command": "command",
 }
 
 RUNS_DIR_HELP = "Where run directories go (default: the job's runs_dir, ./runs)."
@@ -145,7 +143,7 @@ def runs_root(runs_dir: str | None) -> Path:
     if runs_dir is None:
         site_value = load_site().defaults.get("runs_dir")
         runs_dir = getattr(site_value, "text", None) or JobSpec().runs_dir
-    return rundir.runs_root(os.path.expanduser(runs_dir)).resolve()
+    return rundir.runs_root(runs_dir).resolve()  # ~ expanded there
 
 
 def echo_json(data: Any) -> None:
