@@ -239,13 +239,8 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         if optional:
             return None
         raise ConfigError(f"{path}: must be {describe(tp)}, got null")
-    if isinstance(value, Scalar) and not (dataclasses.is_dataclass(inner) or typing.get_origin(inner) is tuple
-                                           or _is_open_mapping(inner)):
+    if isinstance(value, Scalar):  # a single value as written (null, or refused for a list, mapping or section)
         return _scalar(value, tp, path)
-    if isinstance(value, Scalar) and not value.quoted and value.text in _NULL_WORDS:
-        if optional:
-            return None
-        raise ConfigError(f"{path}: must be {describe(tp)}, got null")
     if dataclasses.is_dataclass(inner):
         if isinstance(value, inner):  # already built (a swept section)
             return value
@@ -254,7 +249,7 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         return build(inner, value, path)
     if typing.get_origin(inner) is tuple:
         (item_tp, _ellipsis) = typing.get_args(inner)
-        if isinstance(value, (str, bytes, Scalar)) or not isinstance(value, (list, tuple)):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
             raise _bad(path, tp, value)
         return tuple(convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value))
     if _is_open_mapping(inner):
@@ -273,8 +268,6 @@ def convert(value: Any, tp: Any, path: str) -> Any:
                 item = "true" if item else "false"
             out[_text(str(key), item_path)] = convert(item, value_tp, item_path)
         return types.MappingProxyType(out)
-    if isinstance(value, Scalar):
-        return _scalar(value, tp, path)
     return _python(value, tp, path)
 
 
