@@ -4,17 +4,13 @@ Everything runs through the real console entry point; Slurm, where needed, is a 
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-
-def cli(*args, cwd, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "hpc_train.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
+from tests.cli_helpers import assert_refused, cli, tree
 
 
 def no_slurm_env(tmp_path):
@@ -23,17 +19,6 @@ def no_slurm_env(tmp_path):
     return {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path / "home"),
             "HPC_TRAIN_SITE": str(site), "HPC_TRAIN_STATE_DIR": str(tmp_path / "state"),
             "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-
-
-def tree(path):
-    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
-
-
-def assert_refused(result, message):
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert message in result.stderr, result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
-    assert 1 <= len(result.stderr.strip().splitlines()) <= 2, result.stderr
 
 
 @pytest.mark.parametrize("args,message", [

@@ -3,6 +3,7 @@ exactly as typed, a failing rank fails the run with its rank and host named, the
 (checkpoint on the signal, exit 75, launched again, resumed); and `--pack 2` runs sweep points together with
 the same per-run metrics as run one after another. The same on the Slurm cluster: tests/slurm/test_commands.py."""
 
+import functools
 import json
 import socket
 import subprocess
@@ -10,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+from tests.cli_helpers import cli
+
 SCRIPTS = Path(__file__).parent / "scripts"
 HOSTILE = ["$(touch pwned)", "010", "on", "a b", "it's", "--set", ""]
 
 
-def run(*args, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-m", "hpc_train.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
+run = functools.partial(cli, timeout=300)
 
 
 def only_run_dir(cwd: Path, name: str) -> Path:
@@ -115,9 +116,8 @@ def test_report_and_env_bad_input_is_exit_2(tmp_path):
             assert result.returncode == 0 and result.stdout.startswith("RANK=0 LOCAL_RANK=0 WORLD_SIZE=1"), result
             continue
         assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
-    bad = subprocess.run([sys.executable, "-m", "hpc_train.cli", "env"], capture_output=True, text=True, cwd=tmp_path,
-                         env={"PATH": "/usr/bin:/bin", "RANK": "3", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
-                              "MASTER_ADDR": "a", "MASTER_PORT": "1"})
+    bad = cli("env", cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "RANK": "3", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                                        "MASTER_ADDR": "a", "MASTER_PORT": "1"})
     assert bad.returncode == 2 and "rank 3 is outside world size 2" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -2,18 +2,17 @@
 local launcher, the run directory's layout and states, sweeps, --resume and --chain one after another,
 cancel, slurm.env applied, and a rank's configuration or data error as exit 2 with its reason."""
 
+import functools
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from tests.cli_helpers import cli
 
 QUICK = ["--set", "train.schedule.warmup_epochs=0"]
 
 
-def run(*args, cwd, timeout=600):
-    return subprocess.run([sys.executable, "-m", "hpc_train.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
+run = functools.partial(cli, timeout=600)
 
 
 def status(cwd, *args):

@@ -6,11 +6,11 @@ run that `status`, `logs` and `cancel` name is submitted to it first."""
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli_helpers import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -81,8 +81,7 @@ def write_sweep_runs(group: Path) -> None:
 
 
 def run(argv, cwd, env):
-    return subprocess.run([sys.executable, "-m", "hpc_train.cli", *argv[1:]], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return cli(*argv[1:], cwd=cwd, env=env, timeout=300)  # argv[0] is the README's `hpc-train`
 
 
 @pytest.mark.parametrize("command", COMMANDS)
