@@ -23,7 +23,6 @@ The contract for the command (docs/commands.md):
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

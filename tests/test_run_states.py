@@ -2,7 +2,6 @@
 script's own lines (its exit block run in bash with a stand-in srun), and the reconciliation with Slurm
 for what no exit block sees."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path

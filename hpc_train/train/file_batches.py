@@ -54,7 +54,7 @@ def _transforms(size: int, mean, std, train: bool, color_jitter: float = 0.0):
     return T.Compose([T.Resize(int(round(size * 256 / 224))), T.CenterCrop(size), T.ToTensor(), T.Normalize(mean, std)])
 
 
-def augment_seeds(seed: int, epoch: int, step: int, global_size: int) -> Tensor:
+def augment_seeds(seed: int, epoch: int, step: int, global_size: int) -> torch.Tensor:
     """One seed per position of a global batch, for file sets' per-sample transforms."""
     gen = torch.Generator().manual_seed(derive_seed("augment-files", seed, epoch, step))
     return torch.randint(0, 2**62, (global_size,), generator=gen)

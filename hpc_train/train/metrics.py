@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 MANY_ABOVE = 100
 """A class is many-shot when it has more than this many training images."""

@@ -325,7 +325,7 @@ def test_array_of_three(slurm_cluster, work):
         run_dir = work / "runs" / "sweep" / task
         assert metrics(run_dir)[-1]["epoch"] == 1
         seeds.append(json.loads((run_dir / "config.json").read_text())["train"]["seed"])
-        assert f"--array=0-2%2" in (run_dir / "job.sbatch").read_text()
+        assert "--array=0-2%2" in (run_dir / "job.sbatch").read_text()
         assert json.loads(hpc(slurm_cluster, "status", task, "--json", cwd=work).stdout)["state"] == "completed"
     assert seeds == [0, 1, 2]
 

@@ -142,8 +142,6 @@ def _newest(run_dir: Path) -> dict | None:
 
 
 def _weights_diff(a: dict, b: dict) -> float:
-    import torch
-
     return max(float((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max().clamp_min(1e-12))
                for k in b if b[k].is_floating_point())
 
