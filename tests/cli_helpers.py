@@ -1,8 +1,13 @@
-"""Running the real console entry point in a fresh interpreter, as users do, and the bad-input promise
-(exit 2, one or two lines on stderr, no traceback) every CLI test checks the same way."""
+"""Running the real console entry point in a fresh interpreter, as users do, the bad-input promise (exit 2,
+one or two lines on stderr, no traceback) every CLI test checks the same way, and what a run's state log says
+about when its launch ran."""
 
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+from hpc_train import rundir
 
 
 def cli(*args, cwd=None, env=None, timeout=120):
@@ -21,3 +26,10 @@ def assert_refused(result, message):
 def tree(path):
     """Every path under ``path``, relative (what a refused command must leave as it was)."""
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def launch_span(run_dir: Path) -> tuple[float, float]:
+    """When the run's launch started and ended (its ``running`` and ``exit`` state lines), in seconds."""
+    stamps = {e["event"]: time.mktime(time.strptime(e["time"][:19], "%Y-%m-%dT%H:%M:%S"))
+              for e in rundir.read_events(run_dir)}
+    return stamps["running"], stamps["exit"]

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.cli_helpers import cli
+from tests.cli_helpers import cli, launch_span
 
 SCRIPTS = Path(__file__).parent / "scripts"
 HOSTILE = ["$(touch pwned)", "010", "on", "a b", "it's", "--set", ""]
@@ -97,11 +97,7 @@ def test_pack_2_gives_the_metrics_of_the_same_points_run_alone(tmp_path):
     seeds = [json.loads((d / "config.json").read_text())["train"]["seed"] for d in runs["packed"]]
     assert seeds == [3, 4]
     # Together: each point started before the other ended, each with its own rendezvous port.
-    spans = []
-    for run_dir in runs["packed"]:
-        events = [json.loads(line) for line in (run_dir / "state.jsonl").read_text().splitlines()]
-        stamps = {e["event"]: time.mktime(time.strptime(e["time"][:19], "%Y-%m-%dT%H:%M:%S")) for e in events}
-        spans.append((stamps["running"], stamps["exit"]))
+    spans = [launch_span(run_dir) for run_dir in runs["packed"]]
     assert spans[0][0] <= spans[1][1] and spans[1][0] <= spans[0][1]
     ports = {json.loads((d / "ranks" / "rank-0.json").read_text())["master_port"] for d in runs["packed"]}
     assert len(ports) == 2

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import launch_span
 from tests.cluster import harness
 from tests.slurm.test_lifecycle import _restart_count, hpc, metrics, submit_json, wait_for, wait_state
 
@@ -61,13 +62,6 @@ def test_a_command_that_checkpoints_on_the_signal_is_requeued_and_resumes(slurm_
     assert "requeued job" in (run_dir / "logs" / "batch.log").read_text()
 
 
-def _span(run_dir: Path) -> tuple[float, float]:
-    """When the run's launch started and ended (its state lines)."""
-    events = [json.loads(line) for line in (run_dir / "state.jsonl").read_text().splitlines()]
-    stamps = {e["event"]: time.mktime(time.strptime(e["time"][:19], "%Y-%m-%dT%H:%M:%S")) for e in events}
-    return stamps["running"], stamps["exit"]
-
-
 def _stats(values):
     return statistics.fmean(values), statistics.stdev(values)
 
@@ -90,7 +84,7 @@ def test_report_over_a_loss_by_seed_sweep_and_pack_2_gives_the_same_runs(slurm_c
              for t in packed["tasks"]}
     assert len(ports) == 4
     for first, second in ((0, 1), (2, 3)):  # the two points of a task ran at the same time
-        spans = [_span(work / "runs" / "lt-packed" / packed["tasks"][i]) for i in (first, second)]
+        spans = [launch_span(work / "runs" / "lt-packed" / packed["tasks"][i]) for i in (first, second)]
         assert spans[0][0] <= spans[1][1] and spans[1][0] <= spans[0][1], spans
 
     report = json.loads(hpc(slurm_cluster, "report", "lt-sweep", "--json", cwd=work).stdout)

@@ -5,13 +5,13 @@ never had, each exactly as the one-job lookup does."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from hpc_train import slurm
 from tests.cluster import harness
+from tests.slurm.test_lifecycle import wait_state
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,13 +25,6 @@ def _counting_shims(bin_dir: Path, log: Path) -> None:
         (bin_dir / tool).chmod(0o755)
 
 
-def _wait_running(job_id: str, env: dict[str, str], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while harness.job_state(job_id, env=env) != "RUNNING":
-        assert time.monotonic() < deadline, f"job {job_id} not running after {timeout_s:.0f} s"
-        time.sleep(0.2)
-
-
 def test_one_squeue_and_one_sacct_answer_every_run(slurm_cluster, tmp_path, monkeypatch):
     env = slurm_cluster.env
     finished = harness.sbatch(["-N1", "-n1", "--wrap", "true"], env=env)
@@ -41,7 +34,7 @@ def test_one_squeue_and_one_sacct_answer_every_run(slurm_cluster, tmp_path, monk
         assert harness.wait_job(finished, env=env) == "COMPLETED"
         harness.wait_sacct(finished, env=env)
         for job in (running, f"{array}_0"):  # settled: the two lookups below must see the same states
-            _wait_running(job, env)
+            wait_state(slurm_cluster, job, {"RUNNING"}, timeout_s=60)
         log = tmp_path / "calls.log"
         _counting_shims(tmp_path / "bin", log)
         for key, value in env.items():
