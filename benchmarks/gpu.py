@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from benchmarks.common import cifar_shaped_lt
+    from benchmarks.common import abba_order, cifar_shaped_lt
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(json.dumps({"measured": False, "reason": "no CUDA device visible to torch"}), flush=True)
@@ -263,11 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         report["skipped"]["reference"] = "time budget"
 
     names = list(sides)
-    for r in range(args.rounds):
+    for r, order in enumerate(abba_order(names, args.rounds)):
         if left() < 3:
             report["skipped"]["rounds_after"] = f"{r} rounds (time budget)"
             break
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in order:
             epochs[name].append(sides[name].epoch(clock))
         stage(f"round:{r + 1}", **{n: round(epochs[n][-1]["epoch_s"], 4) for n in names})
     if device.type == "cuda":

@@ -26,9 +26,9 @@ def recipe_spec(*, device: str = "cpu", world_size: int = 1, **train_overrides: 
     return validate(build(JobSpec, job))
 
 
-def build_trainer(spec, data, run_dir: Path, *, rank: int = 0, world_size: int = 1, apply_backends: bool = True):
-    """A Trainer for this rank over ``data`` (a ``DataSource``). ``apply_backends`` sets threads and
-    backend switches exactly as ``launch.run`` does before it builds the trainer."""
+def build_trainer(spec, data, run_dir: Path, *, rank: int = 0, world_size: int = 1):
+    """A Trainer for this rank over ``data`` (a ``DataSource``), with threads and backend switches set
+    exactly as ``launch.run`` sets them before it builds the trainer."""
     import torch
 
     from hpc_train.dist import DistEnv
@@ -37,8 +37,7 @@ def build_trainer(spec, data, run_dir: Path, *, rank: int = 0, world_size: int =
 
     env = DistEnv.from_environ()
     device = torch.device("cuda", torch.cuda.current_device()) if spec.train.device == "cuda" else torch.device("cpu")
-    if apply_backends:
-        configure_backends(spec, env, device)
+    configure_backends(spec, env, device)
     ctx = RankContext(env=env, device=device, rank=rank, world_size=world_size, distributed=world_size > 1)
     run_dir.mkdir(parents=True, exist_ok=True)
     return Trainer(spec, ctx, data, run_dir)
