@@ -223,7 +223,7 @@ def serve(handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]], ready
 
 
 def cifar_lt_counts(max_per_class: int, num_classes: int = 10, imbalance_factor: float = 100.0) -> list[int]:
-    from hpc_train.train.datasets import longtail_counts
+    from hpc_train.train.data.datasets import longtail_counts
 
     return longtail_counts(max_per_class, num_classes, imbalance_factor)
 
@@ -239,7 +239,7 @@ def cifar_shaped_lt(max_per_class: int = 5000, *, num_classes: int = 10, imbalan
     """
     import numpy as np
 
-    from hpc_train.train.datasets import ArraySplit, DataSource
+    from hpc_train.train.data.datasets import ArraySplit, DataSource
 
     rng = np.random.default_rng(seed)
     tint = rng.integers(0, 96, size=(num_classes, 3, 1, 1), dtype=np.uint8)

@@ -28,8 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "benchmarks"
 
-from benchmarks.common import (  # noqa: E402
-    PYTHON, REPO, abba_order, child_env, cifar_shaped_lt, free_port, median, spread, timer)
+from benchmarks.common import PYTHON, REPO, abba_order, child_env, cifar_shaped_lt, free_port, median, spread, timer  # noqa: E402
 
 TRAIN_MAX_PER_CLASS = 500  # 1,240 training images before rounding up to whole batches
 BATCH = 128
@@ -39,11 +38,10 @@ def prepare_weights(path: Path, eval_per_class: int) -> None:
     """Seeded ResNet-32 with BatchNorm running statistics from a few training batches (no gradient)."""
     import torch
 
-    from hpc_train.train.engine import init_model
-    from hpc_train.train.pipeline import Feed
-    from hpc_train.train.samplers import GlobalSampler
-
     from benchmarks import ours
+    from hpc_train.train.data.pipeline import Feed
+    from hpc_train.train.data.samplers import GlobalSampler
+    from hpc_train.train.loop.engine import init_model
 
     data = cifar_shaped_lt(TRAIN_MAX_PER_CLASS, test_per_class=eval_per_class, multiple_of=BATCH)
     spec = ours.recipe_spec(device="cpu")
@@ -118,9 +116,8 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from hpc_train.dist import DistEnv, init_process_group
-
     from benchmarks import ours
+    from hpc_train.rank.dist import DistEnv, init_process_group
 
     env = DistEnv.from_environ()
     ws = env.world_size

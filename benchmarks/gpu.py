@@ -109,10 +109,9 @@ class Reference:
     def __init__(self, data, device, *, workers: int, log_dir: Path) -> None:
         import torch
 
-        from hpc_train.train.engine import init_model
-        from hpc_train.train.losses import build_loss
-
         from benchmarks import ours, reference
+        from hpc_train.train.loop.engine import init_model
+        from hpc_train.train.model.losses import build_loss
 
         self.name, self.device, self.reference, self.workers = "reference", device, reference, workers
         t = self.cfg = ours.recipe_spec(device=device.type).train

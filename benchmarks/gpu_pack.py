@@ -5,7 +5,7 @@ against one run alone — a prepared stage for a machine with an NVIDIA GPU (abo
     PYTHONPATH=. python3 benchmarks/gpu_pack.py --device cpu --tiny            # smoke test anywhere (~20 s)
 
 Each variant is the trainer as ``--pack`` runs it: separate processes, one rank each, started by the pack
-runner (:func:`hpc_train.launcher.run_launches`), each with its own run directory — the CIFAR-10-LT-sized
+runner (:func:`hpc_train.local.launcher.run_launches`), each with its own run directory — the CIFAR-10-LT-sized
 LDAM-DRW recipe (ResNet-32, batch 128, bf16 + channels_last, synthetic CIFAR-shaped data). Variants, each
 under its own timeout, their JSON printed as each ends (a slow one costs only itself):
 
@@ -57,8 +57,8 @@ def job_sets(device: str, tiny: bool, epochs: int) -> list[str]:
 
 
 def run_variant(name: str, k: int, sets: list[str], work: Path, timeout_s: float, env: dict[str, str]) -> dict:
-    from hpc_train import launcher
     from hpc_train.config import dump_yaml, resolve
+    from hpc_train.local import launcher
 
     spec = resolve("digits_lt_demo", sets=sets).spec
     launches = []

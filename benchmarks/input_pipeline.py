@@ -1,7 +1,7 @@
 """2. Input pipeline, CIFAR-shaped long-tailed data (CIFAR-10-LT's 12,406 training images, uint8 32×32):
 one epoch of augmented, normalised training batches of 128.
 
-* ours: ``hpc_train.train.pipeline.Feed`` — the set lives in one uint8 tensor; each batch is gathered,
+* ours: ``hpc_train.train.data.pipeline.Feed`` — the set lives in one uint8 tensor; each batch is gathered,
   randomly cropped (4-pixel zero padding), flipped and normalised as a whole (the trainer's data path);
 * reference: torchvision's per-sample PIL ``RandomCrop(32, padding=4)`` + ``RandomHorizontalFlip`` +
   ``ToTensor`` + ``Normalize`` in a ``DataLoader`` with 2 workers (LDAM-DRW's ``cifar_train.py``).
@@ -20,8 +20,8 @@ from .common import CIFAR10_LT_IF100_TRAIN_IMAGES, cifar_shaped_lt, interleave, 
 def run(*, rounds: int, max_per_class: int = 5000, batch: int = 128, workers: int = 2) -> dict[str, Any]:
     import torch
 
-    from hpc_train.train.pipeline import Feed
-    from hpc_train.train.samplers import GlobalSampler
+    from hpc_train.train.data.pipeline import Feed
+    from hpc_train.train.data.samplers import GlobalSampler
 
     from . import reference
 

@@ -31,9 +31,9 @@ def build_trainer(spec, data, run_dir: Path, *, rank: int = 0, world_size: int =
     exactly as ``launch.run`` sets them before it builds the trainer."""
     import torch
 
-    from hpc_train.dist import DistEnv
-    from hpc_train.train.engine import RankContext, Trainer
+    from hpc_train.rank.dist import DistEnv
     from hpc_train.train.launch import configure_backends
+    from hpc_train.train.loop.engine import RankContext, Trainer
 
     env = DistEnv.from_environ()
     device = torch.device("cuda", torch.cuda.current_device()) if spec.train.device == "cuda" else torch.device("cpu")

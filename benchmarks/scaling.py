@@ -42,7 +42,7 @@ def parameter_counts() -> dict[str, int]:
     from torchvision.models import resnet50
 
     from hpc_train.config import ModelConfig
-    from hpc_train.train.models import build_model
+    from hpc_train.train.model.models import build_model
 
     def count(m) -> int:
         return sum(p.numel() for p in m.parameters())

@@ -22,8 +22,7 @@ if __package__ in (None, ""):  # run as a worker script: make the package import
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "benchmarks"
 
-from benchmarks.common import (  # noqa: E402
-    PssSampler, Worker, abba_order, cifar_shaped_lt, peak_rss_mb, serve, spread, timer)
+from benchmarks.common import PssSampler, Worker, abba_order, cifar_shaped_lt, peak_rss_mb, serve, spread, timer  # noqa: E402
 
 VARIANTS = {"ours": ["--side", "ours"], "ours_channels_last": ["--side", "ours", "--channels-last"],
             "reference": ["--side", "reference"]}
@@ -73,10 +72,9 @@ def _worker(args: argparse.Namespace) -> None:
     setup = timer()
     import torch
 
-    from hpc_train.train.engine import init_model
-    from hpc_train.train.losses import build_loss
-
     from benchmarks import ours, reference
+    from hpc_train.train.loop.engine import init_model
+    from hpc_train.train.model.losses import build_loss
 
     data = cifar_shaped_lt(args.max_per_class, test_per_class=1)
     spec = ours.recipe_spec(device="cpu", channels_last=args.channels_last)

@@ -6,7 +6,7 @@ written. Two forms share one template (docs/design.md, decision 1):
 * ``plain``: self-contained; ``sbatch`` it by hand. It carries the resolved job as a heredoc, writes it
   into the run directory and launches ``python -m hpc_train.train``.
 * ``submitit``: the same script whose launch line is submitit's ``_submit`` command and whose log paths
-  are submitit's (see ``hpc_train/submitit_hook.py``).
+  are submitit's (see ``hpc_train/slurm/submitit_hook.py``).
 
 Shell-safe by default, site templates included: every ``{{ ... }}`` passes through :func:`_finalize`,
 which lets through what the quoting filters made (``shquote``, ``sbatch``, ``sbatch_flag``, ``comment``,
@@ -23,17 +23,18 @@ import hashlib
 import re
 import shlex
 import traceback
-from types import SimpleNamespace
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
 from typing import Any, Literal, Sequence
 
 import jinja2
 
-from . import __version__, rundir
+from . import __version__
 from .config import JobSpec, dump_yaml
 from .errors import TemplateError
 from .resources import templates_dir
+from .runs import rundir
 
 Form = Literal["plain", "submitit"]
 
@@ -174,7 +175,7 @@ def gpu_request(spec: JobSpec) -> str | None:
 def batchnorm_text(spec: JobSpec) -> ShellSafe:
     """The ranks' BatchNorm decision (``train.sync_bn``), for a comment line of the script's header: hpc-train's
     own words and numbers, no job text, so it stands as written."""
-    from .sync_bn import decide
+    from .config.batchnorm import decide
 
     t = spec.train
     decision = decide(t.sync_bn, world_size=spec.slurm.world_size, batch_size=t.batch_size, strategy=t.strategy)

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpc_train import rundir
+from hpc_train.runs import rundir
 
 
 def cli(*args, cwd=None, env=None, timeout=120):

@@ -24,7 +24,7 @@ def isolated_launch_env(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def own_run_index(tmp_path_factory, monkeypatch):
-    """Every test records submitted runs in an index of its own (hpc_train.run_index)."""
+    """Every test records submitted runs in an index of its own (hpc_train.runs.index)."""
     monkeypatch.setenv("HPC_TRAIN_STATE_DIR", str(tmp_path_factory.mktemp("state")))
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpc_train.dist import DistEnv, DistError, master_port_for, simulate
+from hpc_train.rank.dist import DistEnv, DistError, master_port_for, simulate
 
 
 def slurm_env(procid, localid, nodeid, *, ntasks=8, nodes=2, per_node="4(x2)", nodelist="gpu[01-02]", **extra):

@@ -7,9 +7,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from hpc_train import epochs
 from hpc_train.cli import cli
-from hpc_train.config import JobSpec, build, validate
+from hpc_train.config import JobSpec, build, epochs, validate
 from hpc_train.errors import ConfigError
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"

@@ -3,7 +3,7 @@
 import pytest
 
 from hpc_train.errors import ConfigError
-from hpc_train.hostlist import count, expand, expand_tasks_per_node
+from hpc_train.rank.hostlist import count, expand, expand_tasks_per_node
 
 VECTORS = [
     ("gpu[01-03,07],cpu-a[1-2]", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu-a1", "cpu-a2"]),

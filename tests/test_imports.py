@@ -7,8 +7,8 @@ import pytest
 
 
 @pytest.mark.parametrize("module", ["hpc_train.cli", "hpc_train.config", "hpc_train.render", "hpc_train.dist",
-                                    "hpc_train.submit", "hpc_train.command", "hpc_train.plugins", "hpc_train.report",
-                                    "hpc_train.launcher", "hpc_train.local"])
+                                    "hpc_train.slurm.submit", "hpc_train.command", "hpc_train.config.plugins",
+                                    "hpc_train.runs.report", "hpc_train.local.launcher", "hpc_train.local"])
 def test_no_heavy_imports(module):
     code = (f"import sys, {module}; heavy = [m for m in ('torch', 'torchvision', 'numpy', 'submitit') "
             "if m in sys.modules]; print(','.join(heavy))")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hpc_train import launcher
+from hpc_train.local import launcher
 
 RANK = """
 import signal, sys, time

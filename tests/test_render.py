@@ -13,7 +13,7 @@ from hpc_train import config, render
 from hpc_train.config import SiteConfig, resolve_job
 from hpc_train.errors import TemplateError
 from hpc_train.render import LaunchSpec, render_sbatch
-from hpc_train.submitit_hook import submitit_launch
+from hpc_train.slurm.submitit_hook import submitit_launch
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("HPC_TRAIN_REGEN_GOLDEN") == "1"

@@ -1,10 +1,10 @@
-"""The run index (hpc_train.run_index): runs of job files with their own runs_dir are found by name, and
+"""The run index (hpc_train.runs.index): runs of job files with their own runs_dir are found by name, and
 the index drops the runs whose directory is gone once it has grown large, keeping every live one."""
 
 import json
 from pathlib import Path
 
-from hpc_train import run_index
+from hpc_train.runs import index as run_index
 
 
 def make_run(root: Path, name: str) -> Path:

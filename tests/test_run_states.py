@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train import rundir
 from hpc_train.config import NO_SITE, resolve_job
 from hpc_train.render import render_sbatch
-from hpc_train.run_status import reconcile
-from hpc_train.slurm import JobState
+from hpc_train.runs import rundir
+from hpc_train.runs.status import reconcile
+from hpc_train.slurm.client import JobState
 
 
 def line(event, instance=None, **fields):

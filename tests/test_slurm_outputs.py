@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train import slurm
 from hpc_train.errors import SubmitError
-from hpc_train.run_index import Run
-from hpc_train.run_status import first_failure, log_files
+from hpc_train.runs.index import Run
+from hpc_train.runs.status import first_failure, log_files
+from hpc_train.slurm import client as slurm
 
 OUT = Path(__file__).parent / "slurm_outputs"
 
@@ -52,8 +52,8 @@ def test_sacct_lines(job_id, state, exit_code, nodes):
 
 
 def test_a_timed_out_job_is_failed_with_the_reason_slurm_gives():
-    from hpc_train import rundir
-    from hpc_train.run_status import reconcile
+    from hpc_train.runs import rundir
+    from hpc_train.runs.status import reconcile
 
     found = slurm.parse_sacct(text("sacct-timeout.txt"), "41")
     assert (found.state, found.exit_code) == ("TIMEOUT", "0:0")

@@ -11,7 +11,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from hpc_train.config import SiteConfig, resolve_job
 from hpc_train.render import render_sbatch
-from hpc_train.submitit_hook import submitit_launch
+from hpc_train.slurm.submitit_hook import submitit_launch
 
 NO_SITE = SiteConfig(path=None, defaults={}, template_dirs=())
 
@@ -65,7 +65,7 @@ def test_executor_renders_our_template(tmp_path, monkeypatch):
     """The executor subclass produces our script from submitit's own call path (no sbatch run)."""
     import shutil
 
-    from hpc_train.submitit_hook import TemplateSlurmExecutor
+    from hpc_train.slurm.submitit_hook import TemplateSlurmExecutor
 
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/usr/bin/" + name)  # SlurmExecutor wants srun
     spec, _ = resolve_job(None, site=NO_SITE)

@@ -16,7 +16,7 @@ from . import CONTEXT, Group, cli
 def _export_tree(source: Path, dest: Path, force: bool) -> list[Path]:
     """Copy a shipped tree; refuse (before writing anything) to overwrite unless ``force``; a copy that
     fails half-way removes what it wrote."""
-    from ..undo import Created
+    from ..runs.undo import Created
 
     files = sorted(p for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     clashes = [dest / p.relative_to(source) for p in files if (dest / p.relative_to(source)).exists()]

@@ -33,7 +33,7 @@ def render(output: Path | None, **kwargs: Any) -> None:
       hpc-train render --nodes 4 --gpus 8
       hpc-train render jobs/cifar10_lt_ldam_drw.yaml --set slurm.partition=a100 -o job.sbatch
     """
-    from ..submit import render_plain
+    from ..slurm.submit import render_plain
 
     resolved = resolve(kwargs)
     spec = resolved.spec
@@ -47,10 +47,11 @@ def render(output: Path | None, **kwargs: Any) -> None:
 
 
 def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel: int | None) -> None:
-    from .. import local, rundir, submit as submit_mod
-    from ..submission import choose_cluster
-
-    from ..plugins import check as check_plugins
+    from ..config.plugins import check as check_plugins
+    from ..local import submit as local
+    from ..runs import rundir
+    from ..runs.submission import choose_cluster
+    from ..slurm import submit as submit_mod
 
     spec = resolved.spec
     chosen, note = choose_cluster(cluster, spec)  # type: ignore[arg-type]
@@ -112,10 +113,10 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
       hpc-train submit JOB.yaml --sweep train.loss.name=ce,balanced_softmax --max-parallel 1
       hpc-train submit --resume cifar10-lt/4242 --chain 3
     """
-    from .. import submit as submit_mod
-    from ..run_index import resolve_run
-    from ..run_status import run_state
-    from ..submission import continued_job_file, resumable, shared_filesystem_warning
+    from ..runs.index import resolve_run
+    from ..runs.status import run_state
+    from ..runs.submission import continued_job_file, resumable, shared_filesystem_warning
+    from ..slurm import submit as submit_mod
 
     resume_dir = None
     job_file = None
@@ -169,7 +170,7 @@ def simulate(nodelist: str | None, job_id: int, as_json: bool, **kwargs: Any) ->
     Example:
       hpc-train simulate --nodes 2 --gpus 4 --nodelist 'gpu[01-02]'
     """
-    from ..dist import simulate as simulate_ranks
+    from ..rank.dist import simulate as simulate_ranks
 
     s = resolve(kwargs).spec.slurm
     nodelist = nodelist or (f"node[01-{s.nodes:02d}]" if s.nodes > 1 else "node01")

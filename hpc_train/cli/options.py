@@ -126,7 +126,7 @@ def resolve(kwargs: dict[str, Any], job: str | Path | None = None):
     epochs = kwargs.get("epochs")
     if epochs is None:
         return resolved
-    from ..epochs import describe, rescale
+    from ..config.epochs import describe, rescale
 
     spec, changes = rescale(resolved.spec, epochs)
     sweep = tuple(rescale(point, epochs)[0] for point in resolved.sweep)
@@ -137,8 +137,8 @@ def resolve(kwargs: dict[str, Any], job: str | Path | None = None):
 def runs_root(runs_dir: str | None) -> Path:
     """The runs root of the layered configuration: --runs-dir (or $HPC_TRAIN_RUNS_DIR), else the site file's
     runs_dir, else the default job's (./runs)."""
-    from .. import rundir
     from ..config import JobSpec, load_site
+    from ..runs import rundir
 
     if runs_dir is None:
         site_value = load_site().defaults.get("runs_dir")
@@ -152,7 +152,7 @@ def echo_json(data: Any) -> None:
 
 def write_output(path: Path, text: str) -> None:
     """Write a file the user named (``-o``), whole or not at all; an impossible path is exit 2."""
-    from .. import rundir
+    from ..runs import rundir
 
     try:
         rundir.write_text_atomic(path, text)

@@ -31,8 +31,8 @@ def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
       hpc-train status
       hpc-train status digits-lt-demo/4242 --json
     """
-    from ..run_index import find_runs, resolve_run
-    from ..run_status import run_statuses
+    from ..runs.index import find_runs, resolve_run
+    from ..runs.status import run_statuses
 
     root = runs_root(runs_dir)
     runs = [resolve_run(run, root)] if run else find_runs(root)
@@ -64,8 +64,8 @@ def logs(run: str, runs_dir: str | None, follow: bool, rank: int | None) -> None
       hpc-train logs 4242
       hpc-train logs digits-lt-demo/4242 --rank 0 -f
     """
-    from ..run_index import resolve_run
-    from ..run_status import first_failure, follow_logs, is_over
+    from ..runs.index import resolve_run
+    from ..runs.status import first_failure, follow_logs, is_over
 
     found = resolve_run(run, runs_root(runs_dir))
     world = int(found.record.get("world_size") or 0)
@@ -91,8 +91,8 @@ def cancel(run: str, runs_dir: str | None) -> None:
     Example:
       hpc-train cancel digits-lt-demo/4242
     """
-    from ..run_index import resolve_run
-    from ..run_status import cancel_run
+    from ..runs.index import resolve_run
+    from ..runs.status import cancel_run
 
     click.echo(cancel_run(resolve_run(run, runs_root(runs_dir))))
 
@@ -121,8 +121,8 @@ def report(runs: tuple[str, ...], runs_dir: str | None, seed_keys: tuple[str, ..
       hpc-train report digits-lt-demo/4242 --json
       hpc-train report 4242 --seed-key train.seed --seed-key train.data.seed --plot per-class.png
     """
-    from .. import report as report_mod
-    from ..run_status import run_states
+    from ..runs import report as report_mod
+    from ..runs.status import run_states
 
     chosen = report_mod.select(runs, runs_root(runs_dir))
     results = [report_mod.load(r, state) for r, state in zip(chosen, run_states(chosen))]
@@ -150,9 +150,9 @@ def env_command(as_json: bool) -> None:
       hpc-train submit --nodes 2 --gpus 4 -- hpc-train env   # each rank's line is in its log
       srun --ntasks-per-node=4 hpc-train env
     """
-    from ..dist import DistEnv, launch_info
-
     import os
+
+    from ..rank.dist import DistEnv, launch_info
 
     dist = DistEnv.from_environ()
     source = os.environ.get("HPC_TRAIN_MAPPED_FROM", dist.source)  # mapped by hpc-train's rank wrapper

@@ -12,8 +12,8 @@ import re
 import typing
 
 from ..errors import ConfigError
-from ..plugins import is_import_path
 from .job import JobSpec, SlurmConfig, time_to_minutes
+from .plugins import is_import_path
 from .training import PLUGIN_HINT, DatasetName, LossName, ModelName, TrainConfig
 
 MAX_NAME_CHARS = 128

@@ -3,7 +3,7 @@
 Under srun every task runs this (the plain sbatch script passes the fully resolved config it wrote into
 the run directory); under torchrun every worker; the local launcher every local rank; alone it is a
 one-process run. ``hpc-train train`` is this command. JOB is a job file or a shipped example's name.
-Exit codes (:mod:`hpc_train.rundir`): 0 done (or checkpointed and requeued), 1 training failed, 2 bad
+Exit codes (:mod:`hpc_train.runs.rundir`): 0 done (or checkpointed and requeued), 1 training failed, 2 bad
 config or data (one line on stderr saying what to change), 75 checkpointed after a preemption signal but
 not requeued (continue with ``hpc-train submit --resume RUN``).
 """
@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from hpc_train.train import rank  # torch-free; it installs the signal handlers before anything heavy
+from hpc_train.rank import lifecycle  # it installs the signal handlers before anything heavy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse → run this rank (:func:`hpc_train.train.rank.run`). Returns the exit code."""
+    """Parse → run this rank (:func:`hpc_train.rank.lifecycle.run`). Returns the exit code."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed usage; --help exits 0
@@ -53,15 +53,15 @@ def main(argv: list[str] | None = None) -> int:
         resolved = resolve(job_path(args.job), sets=args.sets, site=NO_SITE if args.resolved else None)
         spec = resolved.spec
         if args.epochs is not None:
-            from hpc_train.epochs import describe, rescale
+            from hpc_train.config.epochs import describe, rescale
 
             spec, changes = rescale(spec, args.epochs)
             if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
                 print(describe(args.epochs, changes), file=sys.stderr, flush=True)
         return spec, resolved.sources.job_file
 
-    return rank.run(load_job, run_dir=args.run_dir, dry_run=args.dry_run).exit_code
+    return lifecycle.run(load_job, run_dir=args.run_dir, dry_run=args.dry_run).exit_code
 
 
 if __name__ == "__main__":
-    rank.exit_now(main())
+    lifecycle.exit_now(main())

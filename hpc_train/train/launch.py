@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from .. import rundir, sync_bn
-from ..config import JobSpec, dump_yaml
-from ..dist import DistEnv, init_process_group
+from ..config import JobSpec, batchnorm as sync_bn, dump_yaml
 from ..errors import ConfigError
-from . import preempt
-from .rank import RunOutcome
+from ..rank import preempt
+from ..rank.dist import DistEnv, init_process_group
+from ..rank.lifecycle import RunOutcome
+from ..runs import rundir
 
 log = logging.getLogger("hpc_train.train")
 
@@ -151,8 +151,8 @@ def count_parameters(model) -> int:
 
 def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_params: int, steps: int,
               crt_steps: int = 0) -> str:
-    from ..sync_bn import decide
-    from .metrics import FEW_BELOW, MANY_ABOVE, group_sizes
+    from ..config.batchnorm import decide
+    from .observe.metrics import FEW_BELOW, MANY_ABOVE, group_sizes
 
     t = spec.train
     batchnorm = decide(t.sync_bn, world_size=world_size, batch_size=t.batch_size, strategy=t.strategy)
@@ -198,10 +198,10 @@ def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
     """Build data, model and loss and print the plan; nothing is trained or written."""
     import torch
 
-    from . import datasets
-    from .engine import init_model
-    from .losses import build_loss
-    from .samplers import stage_sampler
+    from .data import datasets
+    from .data.samplers import stage_sampler
+    from .loop.engine import init_model
+    from .model.losses import build_loss
 
     t = spec.train
     world = spec.slurm.world_size if (env.source == "single" and t.strategy == "ddp") else env.world_size
@@ -249,8 +249,8 @@ def prepare_run_dir(spec: JobSpec, env: DistEnv, device, run_dir: str | None, jo
 def load_data(spec: JobSpec, env: DistEnv, device, path: Path, distributed: bool):
     """The data set on this rank: staged to node-local disk first when asked, downloaded by one rank per
     node when allowed; rank 0 records the class counts."""
-    from . import datasets
-    from .engine import barrier
+    from .data import datasets
+    from .loop.engine import barrier
 
     t = spec.train
     image_root = None
@@ -280,7 +280,7 @@ def process_group(spec: JobSpec, env: DistEnv, device) -> Iterator[bool]:
     when the others are done, and a rank that tears gloo down while a peer is busy has been seen to abort
     at exit ("terminate called without an active exception"), failing a finished job."""
     from ..errors import HpcTrainError
-    from .engine import barrier
+    from .loop.engine import barrier
 
     distributed = env.world_size > 1
     if distributed:
@@ -311,7 +311,7 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed collective aborts, never hangs
     if spec.train.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initialises
-    from .engine import RankContext, Trainer
+    from .loop.engine import RankContext, Trainer
 
     env = _check_launcher(spec)
     setup_logging(env.rank)

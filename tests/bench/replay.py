@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.reference import CifarLikeDataset
-from hpc_train.train.samplers import derive_seed
+from hpc_train.train.data.samplers import derive_seed
 
 
 def our_draws(batch: int, padding: int, seed: int, epoch: int, step: int, rank: int = 0):

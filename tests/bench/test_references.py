@@ -9,8 +9,8 @@ pytest.importorskip("torchvision")
 
 from benchmarks import ours, reference  # noqa: E402
 from benchmarks.common import CIFAR_MEAN, CIFAR_STD, cifar_shaped_lt  # noqa: E402
-from hpc_train.train.pipeline import DeviceImages  # noqa: E402
-from hpc_train.train.samplers import GlobalSampler  # noqa: E402
+from hpc_train.train.data.pipeline import DeviceImages  # noqa: E402
+from hpc_train.train.data.samplers import GlobalSampler  # noqa: E402
 
 from .replay import ReplayDataset, epoch_params  # noqa: E402
 
@@ -64,8 +64,8 @@ def _our_losses(spec, data, tmp_path, epochs: int = 1) -> tuple[list[float], obj
 
 
 def _reference_losses(spec, data, trainer, epochs: int = 1, workers: int = 2) -> tuple[list[float], object]:
-    from hpc_train.train.engine import init_model
-    from hpc_train.train.losses import build_loss
+    from hpc_train.train.loop.engine import init_model
+    from hpc_train.train.model.losses import build_loss
 
     t = spec.train
     model = init_model(t, data)  # the same seeded initialisation as the trainer's
@@ -133,7 +133,7 @@ def test_reference_validate_matches_our_exact_evaluation(tmp_path):
 
 def test_reference_learning_rate_is_our_schedule():
     """cifar_train.py's adjust_learning_rate and the recipe's multistep schedule agree at every epoch."""
-    from hpc_train.train.schedule import LrSchedule
+    from hpc_train.train.loop.schedule import LrSchedule
 
     spec = ours.recipe_spec(device="cpu")
     t = spec.train

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train import slurm
+from hpc_train.slurm import client as slurm
 from tests.cluster import harness
 from tests.slurm.test_lifecycle import wait_state
 

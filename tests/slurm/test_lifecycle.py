@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train import rundir
 from hpc_train.config import SiteConfig, resolve_job
 from hpc_train.render import LaunchSpec, render_sbatch
 from hpc_train.resources import jobs_dir, templates_dir
-from hpc_train.submitit_hook import submitit_launch
+from hpc_train.runs import rundir
+from hpc_train.slurm.submitit_hook import submitit_launch
 from tests.cluster import harness
 
 pytestmark = pytest.mark.timeout(600)
@@ -236,7 +236,7 @@ def test_status_logs_follow_cancel(slurm_cluster, work):
 # ------------------------------------------------------------------------------------------------
 
 def _status_json(run_dir: Path) -> dict:
-    """What the run directory says (hpc_train.rundir): the state and the trainer's last progress."""
+    """What the run directory says (hpc_train.runs.rundir): the state and the trainer's last progress."""
     state = rundir.read_state(run_dir)
     return {"state": state.state, **state.progress}
 

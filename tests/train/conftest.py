@@ -19,6 +19,6 @@ def restore_signals():
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
-    from hpc_train.train import preempt
+    from hpc_train.rank import preempt
 
     preempt.reset()

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from hpc_train.config import JobSpec, build, validate
-from hpc_train.dist import DistEnv, init_process_group
-from hpc_train.train import datasets
-from hpc_train.train.engine import RankContext, Trainer
-from hpc_train.train.samplers import GlobalSampler
+from hpc_train.rank.dist import DistEnv, init_process_group
+from hpc_train.train.data import datasets
+from hpc_train.train.data.samplers import GlobalSampler
+from hpc_train.train.loop.engine import RankContext, Trainer
 
 SAMPLERS = ("instance", "class_balanced", "sqrt", "progressive", "class_aware")
 EPOCHS = (0, 1, 2)

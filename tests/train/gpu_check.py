@@ -135,7 +135,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
 
 
 def _newest(run_dir: Path) -> dict | None:
-    from hpc_train.train import checkpoint as ckpt
+    from hpc_train.train.state import checkpoint as ckpt
 
     found = ckpt.load_latest(run_dir)
     return found[0] if found else None
@@ -302,10 +302,10 @@ def inner_sync_free(device_name: str, out: Path) -> None:
     import torch
 
     from hpc_train.config import JobSpec, build, validate
-    from hpc_train.dist import DistEnv
-    from hpc_train.train import datasets
-    from hpc_train.train.engine import RankContext, Trainer
-    from hpc_train.train.guard import NoHostSync
+    from hpc_train.rank.dist import DistEnv
+    from hpc_train.train.data import datasets
+    from hpc_train.train.loop.engine import RankContext, Trainer
+    from hpc_train.train.loop.guard import NoHostSync
 
     cuda = device_name == "cuda"
     train = _merge(BASE, {"device": device_name, "amp": "bf16", "channels_last": True, "epochs": 8,

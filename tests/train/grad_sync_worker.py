@@ -1,8 +1,8 @@
 """One rank of the DDP-equivalence check of the captured step's all-reduce (run by test_grad_sync.py).
 
 Every rank builds the same seeded model three times and takes two optimizer steps on its own share of
-a global batch with :class:`~hpc_train.train.step.TrainStep`: through DDP (as the eager path runs at
-world size > 1), through :class:`~hpc_train.train.step.GradAllReduce` (what a CUDA graph replays), and
+a global batch with :class:`~hpc_train.train.loop.step.TrainStep`: through DDP (as the eager path runs at
+world size > 1), through :class:`~hpc_train.train.loop.step.GradAllReduce` (what a CUDA graph replays), and
 through GradAllReduce without its buffer broadcast (a control the test must tell apart). BatchNorm is
 per rank, as DDP leaves it without SyncBatchNorm. It saves every path's gradients, weights and
 buffers after each step for the test to compare.
@@ -20,10 +20,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc_train.config import LossConfig, ModelConfig, OptimConfig, TrainConfig
-from hpc_train.dist import DistEnv, init_process_group
-from hpc_train.train.losses import build_loss
-from hpc_train.train.models import build_model
-from hpc_train.train.step import GradAllReduce, StepState, TrainStep, build_optimizer
+from hpc_train.rank.dist import DistEnv, init_process_group
+from hpc_train.train.loop.step import GradAllReduce, StepState, TrainStep, build_optimizer
+from hpc_train.train.model.losses import build_loss
+from hpc_train.train.model.models import build_model
 
 CLASSES, BATCH = 5, 24
 

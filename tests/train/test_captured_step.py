@@ -22,12 +22,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hpc_train import rundir  # noqa: E402
-from hpc_train.dist import DistEnv  # noqa: E402
-from hpc_train.train import checkpoint as ckpt  # noqa: E402
-from hpc_train.train import datasets, graphs, preempt  # noqa: E402
-from hpc_train.train.engine import RankContext, Trainer, default_crop_padding, default_flip, init_model  # noqa: E402
-from hpc_train.train.guard import HostSyncError, NoHostSync  # noqa: E402
+from hpc_train.rank import preempt  # noqa: E402
+from hpc_train.rank.dist import DistEnv  # noqa: E402
+from hpc_train.runs import rundir  # noqa: E402
+from hpc_train.train.data import datasets
+from hpc_train.train.loop import graphs
+from hpc_train.train.loop.engine import RankContext, Trainer, default_crop_padding, default_flip, init_model  # noqa: E402
+from hpc_train.train.loop.guard import HostSyncError, NoHostSync  # noqa: E402
+from hpc_train.train.state import checkpoint as ckpt  # noqa: E402
 
 from .helpers import deep_update, digits_lt_counts, make_spec  # noqa: E402
 
@@ -49,10 +51,10 @@ def _main_loop(spec) -> dict:
     """Main's engine (51e3fae) at world size 1, written out from the building blocks it used: batches
     handed over by ``Feed.train_batches``, the lr set as a float on every group, ``torch.optim.SGD`` with
     its default (for-loop) kernel on the CPU, zero_grad / backward / step."""
-    from hpc_train.train.losses import build_loss
-    from hpc_train.train.pipeline import Feed
-    from hpc_train.train.samplers import stage_sampler
-    from hpc_train.train.schedule import LrSchedule
+    from hpc_train.train.data.pipeline import Feed
+    from hpc_train.train.data.samplers import stage_sampler
+    from hpc_train.train.loop.schedule import LrSchedule
+    from hpc_train.train.model.losses import build_loss
 
     t = spec.train
     data = datasets.load(t.data)
@@ -294,7 +296,7 @@ def test_a_non_finite_loss_stops_the_run_with_a_clear_message(tmp_path, log_ever
                                  schedule={"name": "constant", "warmup_epochs": 0, "milestones": []},
                                  loss={"name": "ldam", "drw_epoch": 1}))
     trainer = _trainer(spec, tmp_path / "run")
-    from hpc_train.train.report import NonFiniteLoss
+    from hpc_train.train.observe.report import NonFiniteLoss
 
     with pytest.raises(NonFiniteLoss, match=rf"not finite \(nan or inf\), first seen at {where}") as err:
         trainer.fit()

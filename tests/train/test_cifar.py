@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from hpc_train.config import DataConfig  # noqa: E402
-from hpc_train.train import datasets  # noqa: E402
+from hpc_train.train.data import datasets  # noqa: E402
 
 from . import cifar_files  # noqa: E402
 from .helpers import PYTHON, REPO, clean_env, ldam_counts  # noqa: E402

@@ -4,24 +4,32 @@ the submitit callable. (Multi-process behaviour: test_distributed.py and test_re
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from hpc_train import rundir
+from hpc_train.runs import rundir
 
 torch = pytest.importorskip("torch")
 
 from hpc_train.config import dump_yaml  # noqa: E402
-from hpc_train.train import checkpoint as ckpt  # noqa: E402
 from hpc_train.train import launch  # noqa: E402
 from hpc_train.train.__main__ import main  # noqa: E402
+from hpc_train.train.state import checkpoint as ckpt  # noqa: E402
 
 from .helpers import (  # noqa: E402
-    DIGITS_QUICK, PYTHON, REPO, clean_env, deep_update, digits_lt_counts, make_spec, steps_per_epoch, write_job,
+    DIGITS_QUICK,
+    PYTHON,
+    REPO,
+    clean_env,
+    deep_update,
+    digits_lt_counts,
+    make_spec,
+    steps_per_epoch,
+    write_job,
 )
 
 
@@ -168,9 +176,9 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
 def _tau_norm_by_hand(spec, model_state: dict, tau: float) -> list[int]:
     """Per-class correct test predictions of ``model_state``'s classifier τ-normalised (bias dropped), on
     that state's own features and BatchNorm statistics: classifier-balancing's tau_norm, written out."""
-    from hpc_train.train import datasets
-    from hpc_train.train.engine import init_model
-    from hpc_train.train.pipeline import DeviceImages
+    from hpc_train.train.data import datasets
+    from hpc_train.train.data.pipeline import DeviceImages
+    from hpc_train.train.loop.engine import init_model
 
     data = datasets.load(spec.train.data)
     model = init_model(spec.train, data)
@@ -240,7 +248,7 @@ def test_crt_with_frozen_batchnorm_statistics(tmp_path):
 
 
 def test_train_job_callable_returns_a_summary(tmp_path):
-    from hpc_train.train.callable import TrainJob
+    from hpc_train.rank.callable import TrainJob
 
     spec = make_spec(deep_update(DIGITS_QUICK, epochs=1))
     result = TrainJob(dump_yaml(spec), str(tmp_path / "run"))()
@@ -272,7 +280,7 @@ def test_preempted_train_job_requeues_and_does_not_return(tmp_path, restart_coun
     run_dir = tmp_path / "run"
     code = (
         "import os, signal, sys\n"
-        "from hpc_train.train import preempt\n"
+        "from hpc_train.rank import preempt\n"
         "from hpc_train.train.callable import TrainJob\n"
         "preempt.install()\n"
         "os.kill(os.getpid(), signal.SIGUSR2)\n"  # arrives before training starts
@@ -312,7 +320,7 @@ def test_world_size_mismatch_fails_fast_instead_of_hanging(tmp_path, monkeypatch
 def test_submitit_local_executor_runs_the_callable_on_two_ranks(tmp_path, monkeypatch):
     import submitit
 
-    from hpc_train.train.callable import TrainJob
+    from hpc_train.rank.callable import TrainJob
 
     from .helpers import free_port
 
@@ -361,7 +369,7 @@ def test_run_directory_choice(tmp_path, monkeypatch):
 
 
 def test_requeue_decision_rules():
-    from hpc_train.train.preempt import decide_requeue, requeue_job_id
+    from hpc_train.rank.preempt import decide_requeue, requeue_job_id
 
     slurm = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"}
     assert requeue_job_id(slurm) == "77"

@@ -11,7 +11,7 @@ def test_light_modules_import_without_torch(tmp_path):
     # A fresh interpreter: the test process itself has torch loaded by other tests.
     code = (
         "import sys\n"
-        "import hpc_train.train, hpc_train.train.callable, hpc_train.train.preempt, hpc_train.train.__main__\n"
+        "import hpc_train.train, hpc_train.train.callable, hpc_train.rank.preempt, hpc_train.train.__main__\n"
         "from hpc_train.train.callable import TrainJob\n"
         "import pickle\n"
         "job = pickle.loads(pickle.dumps(TrainJob('name: x', '/tmp/run')))\n"  # what submitit does

@@ -11,10 +11,11 @@ torch = pytest.importorskip("torch")
 Image = pytest.importorskip("PIL.Image")
 
 from hpc_train.config import DataConfig  # noqa: E402
-from hpc_train.train import datasets, launch  # noqa: E402
+from hpc_train.train import launch  # noqa: E402
 from hpc_train.train.__main__ import main  # noqa: E402
-from hpc_train.train.datasets import DataError  # noqa: E402
-from hpc_train.train.pipeline import Feed  # noqa: E402
+from hpc_train.train.data import datasets
+from hpc_train.train.data.datasets import DataError  # noqa: E402
+from hpc_train.train.data.pipeline import Feed  # noqa: E402
 
 from .helpers import ldam_counts, make_spec  # noqa: E402
 
@@ -67,7 +68,7 @@ def test_file_sets_augment_each_image_under_its_own_seed(list_root):
     # The transforms (RandomResizedCrop, flip, classifier-balancing's ColorJitter) run under the item's
     # seed: the same (image, seed) gives the same tensor in any process or worker, and torch's global
     # generator is left alone.
-    from hpc_train.train.file_batches import FileImages, _transforms
+    from hpc_train.train.data.file_batches import FileImages, _transforms
 
     root, _ = list_root
     data = datasets.load(DataConfig(name="list", root=str(root), train_list="train.txt", test_list="test.txt"))

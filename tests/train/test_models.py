@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hpc_train.config import ModelConfig  # noqa: E402
-from hpc_train.train.models import build_model, unwrap  # noqa: E402
+from hpc_train.train.model.models import build_model, unwrap  # noqa: E402
 
 
 def _params(model: torch.nn.Module) -> int:

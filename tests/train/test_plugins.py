@@ -99,7 +99,7 @@ def test_a_plugin_loss_is_normalised_over_the_global_batch_like_the_builtin(tmp_
     import torch
 
     from hpc_train.config import LossConfig
-    from hpc_train.train.losses import build_loss
+    from hpc_train.train.model.losses import build_loss
 
     write_package(tmp_path)
     monkeypatch.chdir(tmp_path)

@@ -19,14 +19,21 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train import rundir
+from hpc_train.runs import rundir
 
 torch = pytest.importorskip("torch")
 
-from hpc_train.train import checkpoint as ckpt  # noqa: E402
+from hpc_train.train.state import checkpoint as ckpt  # noqa: E402
 
 from .helpers import (  # noqa: E402
-    PYTHON, REPO, clean_env, digits_lt_counts, launch_ranks, steps_per_epoch, wait_all, write_job,
+    PYTHON,
+    REPO,
+    clean_env,
+    digits_lt_counts,
+    launch_ranks,
+    steps_per_epoch,
+    wait_all,
+    write_job,
 )
 
 WORLD = 2
@@ -103,8 +110,8 @@ def test_usr2_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path):
     assert not different, different
 
     # ... and training did something: the weights moved away from the seeded initial model.
-    from hpc_train.train import datasets
-    from hpc_train.train.engine import init_model
+    from hpc_train.train.data import datasets
+    from hpc_train.train.loop.engine import init_model
     from tests.train.helpers import make_spec
 
     spec = make_spec(TRAIN, tasks=WORLD)

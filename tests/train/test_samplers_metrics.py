@@ -13,9 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hpc_train.train.datasets import longtail_counts  # noqa: E402
-from hpc_train.train.metrics import format_table, group_sizes, shot_group, summarize  # noqa: E402
-from hpc_train.train.samplers import GlobalSampler  # noqa: E402
+from hpc_train.train.data.datasets import longtail_counts  # noqa: E402
+from hpc_train.train.data.samplers import GlobalSampler  # noqa: E402
+from hpc_train.train.observe.metrics import format_table, group_sizes, shot_group, summarize  # noqa: E402
 
 from .helpers import ldam_counts  # noqa: E402
 
@@ -63,7 +63,7 @@ def test_progressive_sampler_moves_from_instance_to_balanced():
 def test_progressive_sampler_in_crt_follows_the_stage_s_own_epochs():
     # cRT after 10 main epochs, 4 cRT epochs: T is cRT's length and t counts cRT's epochs (a global
     # epoch of 10 would make it class-balanced from the start).
-    from hpc_train.train.samplers import stage_sampler
+    from hpc_train.train.data.samplers import stage_sampler
 
     from .helpers import make_spec
 

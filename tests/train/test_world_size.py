@@ -21,8 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hpc_train.train import checkpoint as ckpt  # noqa: E402
 from hpc_train.train import launch  # noqa: E402
+from hpc_train.train.state import checkpoint as ckpt  # noqa: E402
 
 from .helpers import PYTHON, REPO, clean_env, deep_update, digits_lt_counts, make_spec  # noqa: E402
 
@@ -40,12 +40,12 @@ def _per_batch_loop(spec) -> dict:
     """The single-process step as it always was, written out: no global targets, no world-size factor."""
     import torch.nn.functional as F
 
-    from hpc_train.train import datasets
-    from hpc_train.train.engine import default_crop_padding, default_flip, init_model
-    from hpc_train.train.losses import class_balanced_weights, ldam_margins
-    from hpc_train.train.pipeline import DeviceImages
-    from hpc_train.train.samplers import GlobalSampler, derive_seed
-    from hpc_train.train.schedule import LrSchedule
+    from hpc_train.train.data import datasets
+    from hpc_train.train.data.pipeline import DeviceImages
+    from hpc_train.train.data.samplers import GlobalSampler, derive_seed
+    from hpc_train.train.loop.engine import default_crop_padding, default_flip, init_model
+    from hpc_train.train.loop.schedule import LrSchedule
+    from hpc_train.train.model.losses import class_balanced_weights, ldam_margins
 
     t = spec.train
     data = datasets.load(t.data)
@@ -141,8 +141,8 @@ def _assert_same_model(a: dict, b: dict, what) -> None:
 
 def _initial_weights() -> dict:
     from hpc_train.config import resolve_job
-    from hpc_train.train import datasets
-    from hpc_train.train.engine import init_model
+    from hpc_train.train.data import datasets
+    from hpc_train.train.loop.engine import init_model
 
     spec, _ = resolve_job(REPO / "jobs" / "digits_lt_demo.yaml", sets=EQUIVALENCE_SETS)
     return init_model(spec.train, datasets.load(spec.train.data)).state_dict()

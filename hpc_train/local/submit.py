@@ -1,0 +1,151 @@
+"""Local runs (``--cluster local``, or ``auto`` without ``sbatch``): the sbatch script's counterpart on
+one machine, so the embedded default does what Slurm does.
+
+``submit`` writes every run directory and a plan, then starts one detached runner,
+``python -m hpc_train.local PLAN`` (:mod:`.runner`), which runs the plan's launches (:mod:`.launcher`) one
+after another, or ``slurm.pack`` at a time (a sweep point each, or the same run again for ``--chain``;
+``--resume`` is a launch of an existing run).
+
+What only a cluster has (modules, venv, containers, partitions) is ignored, and said so.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ..runs import rundir
+from . import launcher
+
+LAUNCHER_MODULE = "hpc_train.local"
+
+
+# --------------------------------------------------------------------------------------------------
+# The submit side: run directories, the plan, the detached launcher
+# --------------------------------------------------------------------------------------------------
+
+# slurm.* keys that only mean something on a cluster (a local run says which of them a job set).
+_IGNORED_LOCALLY = ("modules", "venv", "conda_env", "python", "container", "partition", "account", "qos",
+                    "constraint", "exclusive", "mem_gb", "srun_args", "cpu_bind", "extra_sbatch", "gpu_flag",
+                    "gres_name", "template", "launcher")
+
+
+def ignored_keys(spec) -> list[str]:
+    """The slurm.* keys set away from their defaults that a local run cannot honour."""
+    from ..config import SlurmConfig
+
+    default = SlurmConfig()
+    keys = _IGNORED_LOCALLY if spec.command else (*_IGNORED_LOCALLY, "requeue", "max_requeues")
+    return [f"slurm.{key}" for key in keys if getattr(spec.slurm, key) != getattr(default, key)]
+
+
+def local_note(spec) -> str:
+    ignored = ignored_keys(spec)
+    if not ignored:
+        return ""
+    applied = ", slurm.env applied" if spec.slurm.env else ""
+    return (f"running locally: {', '.join(ignored)} ignored (the ranks run {sys.executable} in this "
+            f"environment{applied})")
+
+
+def plan_text(resolved, run_dirs: Sequence[Path]) -> str:
+    """What a local submit would run (``submit --dry-run`` without Slurm), written nowhere."""
+    lines = []
+    for spec, run_dir in zip(resolved.sweep or [resolved.spec], run_dirs):
+        s = spec.slurm
+        lines.append(f"# {spec.name}: {s.ranks_per_node} local rank(s) in {run_dir}, time limit {s.time} "
+                     f"(SIG{s.signal} {s.signal_delay_s} s before it)")
+        for key, value in sorted(s.env.items()):
+            lines.append(f"export {key}={shlex.quote(value)}")
+        job_yaml = shlex.quote(str(run_dir / rundir.JOB_YAML))
+        entry = launcher.launch_for(spec, run_dir).entry
+        if spec.command:
+            lines.append(f"# every rank becomes: {shlex.join(spec.command)}")
+        for rank in range(s.ranks_per_node):
+            log = shlex.quote(str(run_dir / rundir.RANK_LOG.format(rank=rank)))
+            lines.append(f"RANK={rank} LOCAL_RANK={rank} WORLD_SIZE={s.ranks_per_node} MASTER_ADDR=127.0.0.1 "
+                         f"{shlex.quote(sys.executable)} -u -m {entry} --resolved {job_yaml} > {log}")
+    return "\n".join(lines) + "\n"
+
+
+def new_run_ids(count: int) -> list[str]:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = f"local-{stamp}-{os.getpid()}"
+    return [base] if count == 1 else [f"{base}_{i}" for i in range(count)]
+
+
+def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None = None, chain: int = 1,
+                 note: str = "", snapshot: dict[str, str] | None = None):
+    """Write the run directories and start the local launcher; returns at once (like sbatch)."""
+    from ..config import dump_yaml
+    from ..runs.submission import SubmitResult, continue_run_record, run_record, submission_facts, write_run_files
+    from ..runs.undo import Created
+
+    cwd = (cwd or Path.cwd()).resolve()
+    specs = list(resolved.sweep or [resolved.spec])
+    spec = specs[0]
+    group = rundir.run_group(rundir.runs_root(spec.runs_dir, cwd), spec.name)
+    created = Created()
+    created.mkdir(group)
+    try:
+        if resume_dir is not None:
+            run_dirs = [resume_dir]
+            created.write(resume_dir / rundir.JOB_YAML, dump_yaml(spec))  # --set may change the continued run
+            continue_run_record(resume_dir, resume_dir.name, rundir.own_logs(resume_dir))
+        else:
+            run_dirs = [group / run_id for run_id in new_run_ids(len(specs))]
+            facts = submission_facts()
+            for task_spec, run_dir in zip(specs, run_dirs):
+                record = run_record(task_spec, resolved.sources, run_dir, job_id=run_dir.name, cluster="local",
+                                    logs=rundir.own_logs(run_dir), submission=facts)
+                write_run_files(created, run_dir, task_spec, record, snapshot=snapshot)
+        launches = [launcher.as_dict(launcher.launch_for(s, d)) for s, d in zip(specs, run_dirs)]
+        launches += [launches[-1]] * (chain - 1)  # a chain: the same run again, resuming
+        plan = group / f".local-plan-{run_dirs[0].name}.json"
+        created.write(plan, json.dumps({"launches": launches, "python": sys.executable, "cwd": str(cwd),
+                                        "pack": spec.slurm.pack}))
+        with open(run_dirs[0] / rundir.BATCH_LOG, "a", encoding="utf-8") as launcher_log:
+            proc = subprocess.Popen([sys.executable, "-m", LAUNCHER_MODULE, str(plan)], cwd=cwd,
+                                    stdin=subprocess.DEVNULL, stdout=launcher_log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # not ended by the terminal, like a Slurm job
+    except BaseException:
+        created.undo()
+        raise
+    for run_dir in run_dirs:
+        _note_launcher(run_dir, proc.pid)
+    together = f"{spec.slurm.pack} at a time" if spec.slurm.pack > 1 else "one after another"
+    notes = [n for n in (note, local_note(spec),
+                         f"{len(run_dirs)} local runs, {together}" if len(run_dirs) > 1 else "",
+                         f"a chain of {chain} local launches of {run_dirs[0].name}" if chain > 1 else "") if n]
+    first = run_dirs[0]
+    return SubmitResult(job_id=first.name, run_name=f"{spec.name}/{first.name}", run_dir=str(first), cluster="local",
+                        note="; ".join(notes), tasks=tuple(d.name for d in run_dirs) if len(run_dirs) > 1 else (),
+                        run_dirs=tuple(str(d) for d in run_dirs))
+
+
+def _note_launcher(run_dir: Path, pid: int) -> None:
+    path = run_dir / rundir.RUN_JSON
+    record = json.loads(path.read_text(encoding="utf-8"))
+    rundir.write_json_atomic(path, {**record, "launcher_pid": pid})
+
+
+def is_alive(pid: int) -> bool:
+    """The local launcher with this pid still runs (a reused pid running something else does not count;
+    the first milliseconds, before the launcher's exec, it is still the submitting hpc-train)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False
+    if state in ("Z", "X"):  # ended, not yet reaped (the submitting hpc-train is its parent)
+        return False
+    if not cmdline:  # between fork and exec
+        return True
+    return LAUNCHER_MODULE.encode() in cmdline or b"hpc-train" in cmdline or b"hpc_train.cli" in cmdline
+

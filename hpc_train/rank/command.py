@@ -1,0 +1,141 @@
+"""``python -m hpc_train.command --resolved JOB.yaml``: one rank of a job that runs the user's own command
+(``hpc-train submit -- CMD ARGS...``, or ``command:`` in a job file). Torch-free.
+
+Every launcher (srun, torchrun, the local launcher, the submitit callable) starts this in each rank; it
+reads the job, validates the rank mapping (:class:`hpc_train.dist.DistEnv`: a launcher that started another
+world size than the job's fails here, with what to change), exports it, records what the rank saw in the run
+directory, and then *becomes* the command (``exec``): the command is the rank's process, so Slurm's signals,
+its exit code and its output are its own. The argv is the job's ``command`` list exactly as written; it never
+passes through a shell.
+
+The contract for the command (docs/commands.md):
+
+* environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``,
+  ``MASTER_PORT``, ``HPC_TRAIN_RUN_DIR`` (the run directory), ``HPC_TRAIN_CHECKPOINT_DIR`` (``checkpoints/``
+  in it), ``HPC_TRAIN_RESTART`` (0 on the first start; ``SLURM_RESTART_COUNT`` under Slurm),
+  ``HPC_TRAIN_SIGNAL`` and ``HPC_TRAIN_SIGNAL_DELAY_S`` (the signal sent that long before the time limit),
+  ``HPC_TRAIN_EXIT_REQUEUE`` (75);
+* ``launch.json`` in the run directory says the same in words, for this start;
+* on the signal: write a checkpoint, then every rank exits 75; the job is requeued (at most
+  ``slurm.max_requeues`` times) and the command starts again with ``HPC_TRAIN_RESTART`` one higher. Any other
+  exit code ends the run: 0 completed, else failed (with the first failing rank and its host named).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+from ..errors import HpcTrainError
+from ..runs import rundir
+
+EXIT_NOT_FOUND = 127
+"""The command's program does not exist (as a shell says)."""
+LAUNCH_JSON = "launch.json"
+CONTRACT = ("on {signal} (sent {delay} s before the time limit, and on preemption): write a checkpoint, then exit "
+            "75 from every rank; the job is requeued (at most {max_requeues} times, requeue {requeue}) and starts "
+            "again with HPC_TRAIN_RESTART one higher. Exit 0: completed; any other code: failed.")
+
+
+def contract_environment(spec, run_dir: Path, restart: int) -> dict[str, str]:
+    """What the command learns from its environment besides the rank mapping."""
+    s = spec.slurm
+    return {
+        rundir.RUN_DIR_ENV: str(run_dir), "HPC_TRAIN_CHECKPOINT_DIR": str(run_dir / "checkpoints"),
+        "HPC_TRAIN_RESTART": str(restart), "HPC_TRAIN_SIGNAL": s.signal,
+        "HPC_TRAIN_SIGNAL_DELAY_S": str(s.signal_delay_s), "HPC_TRAIN_EXIT_REQUEUE": str(rundir.EXIT_CHECKPOINTED),
+        "HPC_TRAIN_MAX_REQUEUES": str(s.max_requeues if s.requeue else 0),
+    }
+
+
+def launch_record(spec, restart: int) -> dict:
+    s = spec.slurm
+    return {"restart": restart, "restarted": restart > 0, "signal": s.signal, "signal_delay_s": s.signal_delay_s,
+            "requeue": s.requeue, "max_requeues": s.max_requeues, "exit_requeue": rundir.EXIT_CHECKPOINTED,
+            "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT"), "time": rundir.now(),
+            "contract": CONTRACT.format(signal=s.signal, delay=s.signal_delay_s, max_requeues=s.max_requeues,
+                                        requeue="on" if s.requeue else "off")}
+
+
+def prepare(spec, run_dir: Path) -> dict[str, str]:
+    """Validate the mapping, record the rank, and return the command's environment."""
+    from .dist import DistEnv
+
+    env = DistEnv.from_environ()
+    if env.source != "single":
+        env.check(expected_world_size=spec.slurm.world_size)
+    _, restart = rundir.instance_of()
+    (run_dir / rundir.RANKS_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    record = {"rank": env.rank, "local_rank": env.local_rank, "node_rank": env.node_rank,
+              "world_size": env.world_size, "local_world_size": env.local_world_size,
+              "master_addr": env.master_addr, "master_port": env.master_port, "hostname": env.hostname,
+              "source": env.source, "pid": os.getpid(), "job_id": env.job_id, "restart_count": restart,
+              "command": list(spec.command), "host": socket.gethostname()}
+    rundir.write_json_atomic(run_dir / rundir.RANKS_DIR / f"rank-{env.rank}.json", record)
+    if env.rank == 0:
+        rundir.write_json_atomic(run_dir / LAUNCH_JSON, launch_record(spec, restart))
+    mapped = {"HPC_TRAIN_MAPPED_FROM": env.source}  # the command sees torchrun-style variables; where they came from
+    return {**os.environ, **env.torch_environ(), **contract_environment(spec, run_dir, restart), **mapped}
+
+
+def become(argv: list[str], environ: dict[str, str], signals: tuple[str, ...]) -> NoReturn:
+    """exec the command with default dispositions for the preemption signals: a launcher may have set them
+    to ignored (torchrun's agent does, and ignored signals survive exec); the command decides for itself."""
+    from .preempt import signal_number
+
+    for name in signals:
+        signal.signal(signal_number(name), signal.SIG_DFL)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(argv[0], argv, environ)
+    except OSError as exc:
+        print(f"hpc-train: {argv[0]}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        os._exit(EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else 126)
+
+
+def run(spec, run_dir: Path) -> NoReturn:
+    environ = prepare(spec, run_dir)
+    become(list(spec.command), environ, (spec.slurm.signal, "TERM"))
+
+
+def start(load_spec: Callable[[], Any], run_dir: Path) -> int:
+    """Read the job and become its command; an exit code (and a line on stderr, and the reason in the run's
+    state) when that cannot happen."""
+    from .lifecycle import record_failure  # the trainer's ranks record their failure the same way
+
+    try:
+        spec = load_spec()
+        if not spec.command:
+            raise HpcTrainError("the job has no command; run the trainer with python -m hpc_train.train")
+        run(spec, run_dir)
+    except HpcTrainError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        record_failure(run_dir, str(exc), exc.exit_code)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        record_failure(run_dir, str(exc), rundir.EXIT_FAILED)
+        return rundir.EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hpc_train.command --resolved JOB.yaml``: read the job, become its command."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "--resolved":
+        print("usage: python -m hpc_train.command --resolved JOB.yaml (the run directory's job.yaml)", file=sys.stderr)
+        return rundir.EXIT_BAD_INPUT
+    job_file = Path(args[1])
+
+    def load_spec():
+        from ..config import read_text_file, spec_from_yaml_text
+
+        return spec_from_yaml_text(read_text_file(job_file, "job file"), str(job_file))
+
+    return start(load_spec, Path(os.environ.get(rundir.RUN_DIR_ENV) or job_file.parent))
+

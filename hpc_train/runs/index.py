@@ -1,0 +1,159 @@
+"""Finding runs: by name (``digits-lt-demo/4242``), job id, run directory or job name (its latest run),
+wherever their job's ``runs_dir`` put them.
+
+Two places are looked at: the runs root of the layered configuration (``--runs-dir``, else the site
+file's ``runs_dir``, else ``./runs``), and the user's run index — one line per submitted run, appended
+by ``submit`` (``$HPC_TRAIN_STATE_DIR/runs.jsonl``, default ``~/.local/state/hpc-train/``), which knows
+the runs of job files with their own ``runs_dir``. Listing (``hpc-train status``) shows the runs under
+the root and the indexed runs submitted from this directory; a name or id is found anywhere. Past
+:data:`PRUNE_AT_BYTES` the index drops the lines of runs whose directory was deleted.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from ..errors import ConfigError
+from . import rundir
+
+STATE_DIR_ENV = "HPC_TRAIN_STATE_DIR"
+
+
+@dataclass(frozen=True)
+class Run:
+    run_dir: Path
+    record: Mapping[str, Any]
+
+    @property
+    def job_id(self) -> str:
+        return str(self.record.get("job_id") or self.run_dir.name)
+
+    @property
+    def name(self) -> str:
+        return f"{self.run_dir.parent.name}/{self.run_dir.name}"
+
+    @property
+    def cluster(self) -> str:
+        return str(self.record.get("cluster", "slurm"))
+
+
+def index_path() -> Path:
+    if os.environ.get(STATE_DIR_ENV):
+        return Path(os.environ[STATE_DIR_ENV]) / "runs.jsonl"
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "hpc-train" / "runs.jsonl"
+
+
+PRUNE_AT_BYTES = 1 << 20
+"""An index this large (about 7,000 runs) drops the lines of runs whose directory is gone."""
+
+
+def register(run_dirs: list[Path], submit_dir: Path, prune_at_bytes: int = PRUNE_AT_BYTES) -> str | None:
+    """Add submitted runs to the index; a warning (not an error: the job is queued already) when it cannot."""
+    path = index_path()
+    lines = "".join(json.dumps({"run_dir": str(d), "submit_dir": str(submit_dir), "time": rundir.now()}) + "\n"
+                    for d in run_dirs)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # One lock for appending and pruning: a prune replaces the file, and a line appended meanwhile to
+        # the replaced one would be lost. Readers need none (the replacement is a rename).
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(lines)
+                size = handle.tell()
+            if size > prune_at_bytes:
+                _prune(path)
+    except OSError as exc:
+        return f"could not record the run in {path} ({exc.strerror or exc}); find it with --runs-dir"
+    return None
+
+
+def _prune(path: Path) -> None:
+    """Keep the lines of runs whose directory still exists (deleted runs are never found again anyway)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    rundir.write_text_atomic(path, "".join(line + "\n" for line, entry in _entries(text)
+                                           if is_run_dir(Path(entry["run_dir"]))))
+
+
+def _entries(text: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The index's lines that name a run directory, with what they say (a torn or foreign line is skipped)."""
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("run_dir"), str):
+            yield line, entry
+
+
+def _indexed(submit_dir: Path | None = None) -> list[Path]:
+    try:
+        text = index_path().read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    found: dict[str, None] = {}
+    for _, entry in _entries(text):
+        if submit_dir is None or entry.get("submit_dir") == str(submit_dir):
+            found[entry["run_dir"]] = None
+    return [Path(p) for p in found if is_run_dir(Path(p))]
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / name).exists() for name in (rundir.RUN_JSON, rundir.JOB_YAML))
+
+
+def load_run(run_dir: Path) -> Run:
+    path = run_dir / rundir.RUN_JSON
+    try:
+        record: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        record = {}
+    if not record:  # a plain `sbatch` of a rendered script: the directory layout says it all
+        record = {"job_id": run_dir.name, "cluster": "slurm", "logs": rundir.own_logs(run_dir)}
+    return Run(run_dir=run_dir, record=record)
+
+
+def _under(root: Path) -> list[Path]:
+    found = []
+    if root.is_dir():
+        for group in sorted(root.iterdir()):
+            if group.is_dir() and not group.name.startswith("."):
+                found.extend(d for d in sorted(group.iterdir()) if is_run_dir(d))
+    return found
+
+
+def _sorted_runs(paths: list[Path]) -> list[Run]:
+    unique = list(dict.fromkeys(p.resolve() for p in paths))
+    return sorted((load_run(p) for p in unique), key=lambda r: (r.run_dir.stat().st_mtime, r.name))
+
+
+def all_runs(root: Path) -> list[Run]:
+    """Every run under ``root`` and in the index, oldest first."""
+    return _sorted_runs(_under(root) + _indexed())
+
+
+def find_runs(root: Path, cwd: Path | None = None) -> list[Run]:
+    """The runs under ``root`` and the indexed runs submitted from ``cwd``, oldest first."""
+    return _sorted_runs(_under(root) + _indexed((cwd or Path.cwd()).resolve()))
+
+
+def resolve_run(ref: str, root: Path) -> Run:
+    """A run by path, ``name/run id``, job id (``4242``, ``4242_1``) or job name (its latest run), under
+    ``root`` or anywhere in the index."""
+    path = Path(ref)
+    if is_run_dir(path):
+        return load_run(path)
+    runs = all_runs(root)
+    for matcher in (lambda r: r.name == ref, lambda r: r.job_id == ref or r.run_dir.name == ref,
+                    lambda r: r.run_dir.parent.name == ref):
+        matches = [r for r in runs if matcher(r)]
+        if matches:
+            return matches[-1]
+    known = ", ".join(r.name for r in runs[-5:]) or "none"
+    raise ConfigError(f"no run {ref!r} under {root} or in the run index; recent runs: {known}")

@@ -1,0 +1,215 @@
+"""What ``status``, ``logs`` and ``cancel`` do with a run.
+
+A run's state is what its run directory says (:func:`hpc_train.runs.rundir.read_state`), reconciled with
+the scheduler for what no exit block sees: Slurm's time limit, out-of-memory kill, node failure or
+``scancel``; for a local run, whether its launcher still lives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from ..local import submit as local
+from ..slurm import client as slurm_cli
+from . import rundir
+from .index import Run
+
+# Slurm's final states that no exit block records, and what they mean for the run.
+_SLURM_VERDICTS = {
+    "TIMEOUT": (rundir.FAILED, "time limit reached"),
+    "OUT_OF_MEMORY": (rundir.FAILED, "out of memory"),
+    "NODE_FAIL": (rundir.FAILED, "a node failed"),
+    "BOOT_FAIL": (rundir.FAILED, "a node failed to boot"),
+    "DEADLINE": (rundir.FAILED, "deadline reached"),
+    "CANCELLED": (rundir.CANCELLED, "cancelled"),
+    "PREEMPTED": (rundir.PREEMPTED, "preempted by Slurm"),
+}
+_SLURM_FINISHED = {"COMPLETED": rundir.COMPLETED, "FAILED": rundir.FAILED}
+
+
+def reconcile(run: rundir.RunState, job: slurm_cli.JobState | None) -> tuple[str, str]:
+    """(state, reason) of a Slurm run from its run directory and Slurm's view of its job."""
+    if job is None or job.state == "UNKNOWN":
+        if run.state is None:
+            return "unknown", job.reason if job else "nothing recorded"
+        return run.state, run.reason
+    if job.active:
+        if run.state == rundir.CANCELLED:
+            return rundir.CANCELLED, run.reason
+        if job.state in ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"):
+            return rundir.RUNNING, ""
+        again = run.state in (rundir.REQUEUED, rundir.PREEMPTED, rundir.RUNNING) or job.state.startswith("REQUEUE")
+        return (rundir.REQUEUED if again else rundir.QUEUED), job.reason
+    slurm_said = job.state + (f" {job.exit_code}" if job.exit_code and job.state != "COMPLETED" else "")
+    if job.state in _SLURM_VERDICTS:
+        state, why = _SLURM_VERDICTS[job.state]
+        if run.state == rundir.PREEMPTED and job.state in ("TIMEOUT", "PREEMPTED", "CANCELLED"):
+            state, why = (rundir.CANCELLED if job.state == "CANCELLED" else rundir.PREEMPTED), "checkpointed"
+        if run.state == rundir.CANCELLED:
+            return rundir.CANCELLED, run.reason or why
+        return state, f"{why} (Slurm: {slurm_said})"
+    if run.final:
+        return run.state or "unknown", run.reason
+    state = _SLURM_FINISHED.get(job.state, rundir.FAILED)
+    return state, "" if state == rundir.COMPLETED else f"Slurm: {slurm_said}"
+
+
+def _local_state(run: Run, state: rundir.RunState) -> tuple[str, str]:
+    """A local run's state: its run directory's, unless its launcher died before recording the end."""
+    if state.final:
+        return state.state or "unknown", state.reason
+    pid = int(run.record.get("launcher_pid") or 0)
+    if pid and not local.is_alive(pid):
+        return rundir.FAILED, f"its local launcher (pid {pid}) ended without recording how the run ended"
+    return state.state or "unknown", state.reason
+
+
+def first_failure(run: Run) -> str | None:
+    """The first rank that failed and its host, from the batch log."""
+    batch = run.record.get("logs", {}).get("batch")
+    candidates = [Path(batch)] if batch else []
+    if batch and batch.endswith(".err"):
+        candidates.append(Path(batch[:-4] + ".out"))
+    for path in candidates:
+        try:
+            found = slurm_cli.first_failure(path.read_text(errors="replace"))
+        except OSError:
+            continue
+        if found:
+            return found
+    return None
+
+
+def progress(run_dir: Path) -> dict[str, Any]:
+    """The last evaluation's figures from metrics.jsonl."""
+    last = None
+    try:
+        lines = (run_dir / rundir.METRICS).read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        try:
+            last = json.loads(line) if line.strip() else last
+        except json.JSONDecodeError:
+            continue
+    if not isinstance(last, dict):
+        return {}
+    keep = ("epoch", "global_step", "top1", "balanced", "many", "medium", "few")
+    return {k: round(last[k], 4) if isinstance(last[k], float) else last[k] for k in keep if k in last}
+
+
+def _slurm_jobs(runs: Sequence[Run]) -> dict[str, slurm_cli.JobState]:
+    """Slurm's view of every Slurm run's job, asked once for all of them."""
+    return slurm_cli.job_states([r.job_id for r in runs if r.cluster != "local"])
+
+
+def run_statuses(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """:func:`run_status` of each run (``status``)."""
+    jobs = _slurm_jobs(runs)
+    return [run_status(r, jobs.get(r.job_id)) for r in runs]
+
+
+def run_states(runs: Sequence[Run]) -> list[str]:
+    """The state of each run (``report``)."""
+    jobs = _slurm_jobs(runs)
+    return [run_state(r, jobs.get(r.job_id))[0] for r in runs]
+
+
+def run_state(run: Run, job: slurm_cli.JobState | None = None,
+              recorded: rundir.RunState | None = None) -> tuple[str, str]:
+    """(state, reason) of a run: what its run directory recorded, reconciled with Slurm (``job`` when the
+    caller has asked already) or with its local launcher. Reads no log and no metrics (polling loops)."""
+    recorded = recorded or rundir.read_state(run.run_dir)
+    if run.cluster == "local":
+        return _local_state(run, recorded)
+    return reconcile(recorded, job or slurm_cli.job_state(run.job_id))
+
+
+def run_status(run: Run, job: slurm_cli.JobState | None = None) -> dict[str, Any]:
+    """A run's status: ``state`` (queued, running, completed, failed, cancelled, preempted, requeued) and
+    why, with Slurm's own view (``slurm_state``; ``job`` when the caller has asked Slurm already) and the
+    training progress."""
+    recorded = rundir.read_state(run.run_dir)
+    out: dict[str, Any] = {"run": run.name, "job_id": run.job_id, "cluster": run.cluster, "run_dir": str(run.run_dir)}
+    if run.cluster != "local":
+        job = job or slurm_cli.job_state(run.job_id)
+        out.update(slurm_state=job.state, source=job.source, elapsed=job.elapsed, nodes=job.nodes,
+                   slurm_exit_code=job.exit_code, slurm_reason=job.reason if job.state == "UNKNOWN" else "")
+    state, reason = run_state(run, job, recorded)
+    out.update(state=state, reason=reason, exit_code=recorded.exit_code, restarts=recorded.restart or None)
+    if state == rundir.FAILED and not reason.startswith("rank "):
+        failure = first_failure(run)
+        if failure:
+            out["first_failure"] = failure
+    figures = progress(run.run_dir)
+    if figures:
+        out["progress"] = figures
+    if state == rundir.PREEMPTED or (state == rundir.CANCELLED and "checkpointed" in reason):
+        out["hint"] = f"continue it with: hpc-train submit --resume {run.name}"
+    return {k: v for k, v in out.items() if v not in ("", None)}
+
+
+def is_over(run: Run) -> bool:
+    return run_state(run)[0] in rundir.FINAL_STATES | {"unknown"}
+
+
+def log_files(run: Run, rank: int | None = None) -> list[tuple[str, Path]]:
+    """(label, path) of a run's logs: the batch log, then each rank's (or only ``rank``'s)."""
+    logs = run.record.get("logs", {})
+    files: list[tuple[str, Path]] = []
+    if rank is None and logs.get("batch"):
+        files.append(("batch", Path(logs["batch"])))
+    world = int(run.record.get("world_size") or 0)
+    ranks = [rank] if rank is not None else list(range(world))
+    if rank is None and not world:  # a plain sbatch run: take the rank logs that exist
+        pattern = Path(logs.get("rank_out", str(run.run_dir / rundir.RANK_LOG)))
+        ranks = sorted(int(m.group(1)) for p in pattern.parent.glob("*")
+                       if (m := re.fullmatch(re.escape(pattern.name).replace(r"\{rank\}", r"(\d+)"), p.name)))
+    for r in ranks:
+        for key in ("rank_err", "rank_out"):  # progress (stderr) before the final table (stdout)
+            if logs.get(key):
+                path = Path(logs[key].format(rank=r))
+                if rank is None and r == 0 and logs.get("batch") and path == Path(logs["batch"]):
+                    continue  # submitit's form: rank 0 shares the batch log
+                files.append((f"rank {r}", path))
+    return files
+
+
+def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0,
+                is_done: Callable[[], bool] | None = None, prefix: bool = True) -> Iterator[str]:
+    """Lines of the run's logs, each prefixed with its source; with ``follow``, keep reading until
+    the job has ended and no new lines arrive."""
+    files = log_files(run, rank)
+    offsets = {path: 0 for _, path in files}
+    while True:
+        new = False
+        for label, path in files:
+            if not path.exists():
+                continue
+            with path.open("r", errors="replace") as handle:
+                handle.seek(offsets[path])
+                chunk = handle.read()
+                offsets[path] = handle.tell()
+            for line in chunk.splitlines():
+                new = True
+                yield f"[{label}] {line}" if prefix else line
+        if not follow:
+            return
+        if not new and is_done is not None and is_done():
+            return
+        time.sleep(poll_s)
+
+
+def cancel_run(run: Run) -> str:
+    """Cancel a run: record it (the local launcher ends the ranks when it sees it), and scancel on Slurm."""
+    state = run_state(run)[0]
+    if state in rundir.FINAL_STATES:
+        return f"{run.name} has already ended ({state}); nothing to cancel"
+    if run.cluster != "local":
+        slurm_cli.cancel(run.job_id)
+    rundir.append_event(run.run_dir, rundir.CANCELLED, writer="hpc-train cancel", reason="cancelled by the user")
+    return f"cancelled {run.name} ({'local run' if run.cluster == 'local' else 'job ' + run.job_id})"

@@ -1,0 +1,197 @@
+"""What every submission shares, on Slurm or locally: choosing the cluster, the interpreter the ranks run,
+the runs directory (checked before anything is written), the run directory's files, and undoing what a
+refused submission created — bad input or a refusal leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from .. import __version__
+from ..config import JobSources, JobSpec, dump_yaml
+from ..errors import ConfigError, SubmitError
+from ..slurm import client as slurm_cli
+from . import rundir
+from .undo import Created
+
+Cluster = Literal["auto", "slurm", "local"]
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    job_id: str
+    run_name: str
+    """``<name>/<run id>``: what ``status``/``logs``/``cancel`` accept (a job id works too)."""
+    run_dir: str
+    cluster: Literal["slurm", "local"]
+    note: str = ""
+    """Anything the user should know (e.g. 'Slurm not found: running locally')."""
+    tasks: tuple[str, ...] = ()
+    """Array task ids (``<id>_<i>``) of a sweep, or the job ids of a chain."""
+    run_dirs: tuple[str, ...] = ()
+    """Every run directory the submission made or continues."""
+    job: Any = field(default=None, repr=False, compare=False)
+    """The submitit job handle(s) of a Slurm submission (not serialised)."""
+
+    def to_json(self) -> str:
+        return json.dumps({k: getattr(self, k) for k in ("job_id", "run_name", "run_dir", "cluster", "note", "tasks")})
+
+
+def choose_cluster(requested: Cluster, spec: JobSpec) -> tuple[Literal["slurm", "local"], str]:
+    """``auto``: Slurm when ``sbatch`` is on PATH, else local (said plainly). Slurm needs srun too."""
+    if requested == "slurm" or (requested == "auto" and shutil.which("sbatch") is not None):
+        missing = slurm_cli.missing_tools()
+        if missing:
+            have = "sbatch is" if "sbatch" not in missing else "Slurm's tools are"
+            raise SubmitError(f"{have} not complete here: {', '.join(missing)} not on PATH; run on a Slurm login "
+                              "node, or use --cluster local to run on this machine")
+        return "slurm", ""
+    note = "" if requested == "local" else "Slurm not found (no 'sbatch' on PATH): running locally on this machine"
+    if spec.slurm.nodes > 1:
+        why = "--cluster local" if requested == "local" else "Slurm is not available"
+        raise ConfigError(f"{spec.slurm.nodes} nodes requested but {why}; a local run uses one node: "
+                          "use --nodes 1, or submit from a Slurm login node")
+    return "local", note
+
+
+def resolve_python(spec: JobSpec, interpreter: str | None = None) -> str:
+    """The interpreter the ranks run: explicit > activated venv/conda (``python``) > container
+    (``python3``, the host's path means nothing inside) > the one running hpc-train."""
+    s = spec.slurm
+    if s.python:
+        return s.python
+    if s.venv or s.conda_env:
+        return "python"
+    if s.container is not None:
+        return "python3"
+    return interpreter or sys.executable
+
+
+def shared_filesystem_warning(path: Path) -> str | None:
+    """A hint when the run directory is obviously node-local (compute nodes could not see it)."""
+    text = str(path.resolve())
+    for local in ("/tmp", "/var/tmp", "/dev/shm"):
+        if text == local or text.startswith(local + "/"):
+            return f"runs directory {text} looks node-local; compute nodes must see it (use home or project space)"
+    return None
+
+
+def git_sha(path: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+MAX_DIFF_BYTES = 5 << 20
+"""A code snapshot's diff larger than this is cut (a run directory is not a repository)."""
+
+
+def code_snapshot(path: Path) -> dict[str, str] | None:
+    """The code a submission runs, from the submit directory's git repository: ``code.json`` (SHA, branch,
+    untracked files) and ``code.diff`` (``git diff HEAD``: what is not committed). None outside git."""
+    sha = git_sha(path)
+    if sha is None:
+        return None
+
+    def git(*args: str) -> str:
+        try:
+            out = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=30,
+                                 check=False, errors="replace")
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return out.stdout if out.returncode == 0 else ""
+
+    diff = git("diff", "HEAD")
+    if len(diff.encode()) > MAX_DIFF_BYTES:
+        diff = diff.encode()[:MAX_DIFF_BYTES].decode(errors="ignore") + "\n[cut at 5 MiB by hpc-train]\n"
+    info = {"git_sha": sha, "branch": git("rev-parse", "--abbrev-ref", "HEAD").strip(), "dirty": bool(diff),
+            "untracked": git("ls-files", "--others", "--exclude-standard").splitlines()[:1000],
+            "submit_dir": str(path)}
+    return {"code.json": json.dumps(info, indent=2) + "\n", "code.diff": diff}
+
+
+def submission_facts() -> dict[str, Any]:
+    """What every run of one submission shares in its run.json: when, from where, with which code (asked once
+    per submission, not once per sweep point)."""
+    return {
+        "submitted_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "submit_host": socket.gethostname(),
+        "submit_dir": str(Path.cwd()),
+        "hpc_train_version": __version__,
+        "git_sha": git_sha(Path.cwd()),
+    }
+
+
+def run_record(spec: JobSpec, sources: JobSources, run_dir: Path, *, job_id: str, cluster: str,
+               logs: Mapping[str, str], submission: Mapping[str, Any],
+               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """run.json: who submitted what, from where, with which code (``submission``: :func:`submission_facts`),
+    and where the logs are."""
+    return {
+        "job_id": job_id,
+        "name": spec.name,
+        "run_name": f"{spec.name}/{run_dir.name}",
+        "run_dir": str(run_dir),
+        "cluster": cluster,
+        **submission,
+        "job_file": str(sources.job_file) if sources.job_file else None,
+        "site_file": str(sources.site_file) if sources.site_file else None,
+        "nodes": spec.slurm.nodes,
+        "ranks_per_node": spec.slurm.ranks_per_node,
+        "world_size": spec.slurm.world_size,
+        "logs": dict(logs),
+        **(extra or {}),
+    }
+
+
+def write_run_files(created: Created, run_dir: Path, spec: JobSpec, record: Mapping[str, Any], *,
+                    script: str | None = None, snapshot: Mapping[str, str] | None = None) -> None:
+    """A new run directory: the resolved job (config.json, job.yaml), run.json, the script, the code snapshot
+    (``submit --snapshot``), ``queued``."""
+    created.mkdir(run_dir / rundir.LOGS_DIR)
+    for name, text in (snapshot or {}).items():
+        created.write(run_dir / name, text)
+    if script is not None:
+        created.write(run_dir / rundir.JOB_SCRIPT, script)
+    created.write(run_dir / rundir.CONFIG_JSON, json.dumps(spec.to_dict(), indent=2) + "\n")
+    created.write(run_dir / rundir.JOB_YAML, dump_yaml(spec))
+    created.write(run_dir / rundir.RUN_JSON, json.dumps(record, indent=2) + "\n")
+    rundir.append_event(run_dir, rundir.QUEUED, writer="submit", job_id=record.get("job_id"))
+
+
+def continue_run_record(run_dir: Path, job_id: str, logs: Mapping[str, str]) -> None:
+    """A continuation (``--resume``, ``--chain``) notes its job in the run's record and its state log."""
+    path = run_dir / rundir.RUN_JSON
+    try:
+        record = json.loads(path.read_text()) if path.exists() else {"run_dir": str(run_dir)}
+    except (OSError, json.JSONDecodeError):
+        record = {"run_dir": str(run_dir)}
+    record.setdefault("continued_by", []).append({"job_id": job_id, "logs": dict(logs)})
+    record["job_id"], record["logs"] = job_id, dict(logs)
+    rundir.write_json_atomic(path, record)
+    rundir.append_event(run_dir, rundir.QUEUED, writer="submit", job_id=job_id)
+
+
+def resumable(run_dir: Path, state: str) -> None:
+    """A run can be continued once no launch of it is queued or running."""
+    if state not in rundir.FINAL_STATES and state != "unknown":
+        raise ConfigError(f"{run_dir} is {state}; wait for it to end (or hpc-train cancel it) before --resume")
+
+
+def continued_job_file(run_dir: Path) -> Path:
+    """The job file a ``--resume`` starts from: the run's own resolved config."""
+    for candidate in (run_dir / rundir.JOB_YAML, run_dir / rundir.CONFIG_JSON):  # JSON is YAML
+        if candidate.exists():
+            return candidate
+    raise ConfigError(f"{run_dir} has neither job.yaml nor config.json; cannot resume it")

@@ -1,0 +1,301 @@
+"""Submitting to Slurm through submitit: one job, a job array (a sweep), a continuation of a run
+(``--resume``) and chains of dependent jobs (``--chain``); the dry run; following runs to their end.
+Local runs are :mod:`hpc_train.local`; what both share is :mod:`hpc_train.runs.submission`.
+
+A submission is all or nothing: a refused job leaves no run directory, no submitit files and, in a
+chain, no job of the chain queued.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..config import JobSources, JobSpec, Resolved, dump_yaml
+from ..errors import HpcTrainError, JobFailedError, SubmitError
+from ..render import LaunchSpec, array_tasks, render_sbatch
+from ..runs import rundir
+from ..runs.index import load_run, register
+from ..runs.status import follow_logs, is_over, run_status
+from ..runs.submission import (
+    Cluster,
+    SubmitResult,
+    choose_cluster,
+    code_snapshot,
+    continue_run_record,
+    resolve_python,
+    run_record,
+    submission_facts,
+    write_run_files,
+)
+from ..runs.undo import Created
+from . import client as slurm_cli
+
+WAIT_POLL_S = 1.0
+
+
+def submitit_folder(group: Path) -> Path:
+    """submitit's pickles and logs for a job name (on a shared filesystem, like the runs)."""
+    return group / ".submitit"
+
+
+def _submitit_command(python: str, folder: Path) -> str:
+    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+
+
+def _array_range(count: int, max_parallel: int | None) -> str:
+    return f"0-{count - 1}%{min(count, max_parallel or count)}"
+
+
+def render_plain(spec: JobSpec, sources: JobSources, *, cwd: Path | None = None, interpreter: str | None = None,
+                 sweep: Sequence[JobSpec] = (), max_parallel: int | None = None) -> str:
+    """The self-contained script ``hpc-train render`` prints (admins ``sbatch`` it by hand)."""
+    launch = LaunchSpec()
+    if sweep:
+        tasks = array_tasks(len(sweep), spec.slurm.pack)
+        launch = LaunchSpec(stdout="slurm-%x-%A_%a.out", stderr="slurm-%x-%A_%a.out",
+                            array=_array_range(tasks, max_parallel))
+    return render_sbatch(spec, runs_root=str(rundir.runs_root(spec.runs_dir, cwd)),
+                         python=resolve_python(spec, interpreter), launch=launch, site_dirs=sources.template_dirs,
+                         array_specs=sweep)
+
+
+def with_site_gpu_flag(resolved: Resolved) -> tuple[JobSpec, list[JobSpec]]:
+    """The job and its sweep points with ``slurm.gpu_flag`` set, where the site has not chosen it, by the
+    reachable Slurm's version: asked once (``sinfo --version``), not once per sweep point."""
+    flag: str | None = None
+
+    def chosen(spec: JobSpec) -> JobSpec:
+        nonlocal flag
+        if spec.slurm.gpu_flag is not None or spec.slurm.gpus_per_node == 0:
+            return spec
+        flag = flag or slurm_cli.gpu_flag_for(slurm_cli.version())
+        return dataclasses.replace(spec, slurm=dataclasses.replace(spec.slurm, gpu_flag=flag))
+
+    return chosen(resolved.spec), [chosen(s) for s in resolved.sweep]
+
+
+def dry_run_script(spec: JobSpec, sources: JobSources, *, cwd: Path | None = None, interpreter: str | None = None,
+                   sweep: Sequence[JobSpec] = (), max_parallel: int | None = None,
+                   resume_dir: Path | None = None) -> str:
+    """The script ``submit`` would hand to sbatch (submitit form), written nowhere."""
+    from .submitit_hook import submitit_launch  # submitit is imported only when submitting
+
+    root = rundir.runs_root(spec.runs_dir, cwd)
+    folder = submitit_folder(rundir.run_group(root, spec.name))
+    python = resolve_python(spec, interpreter)
+    launch = submitit_launch(folder, _submitit_command(python, folder),
+                             map_count=array_tasks(len(sweep), spec.slurm.pack) if sweep else None,
+                             array_parallelism=max_parallel)
+    launch = dataclasses.replace(launch, run_dir=str(resume_dir) if resume_dir else None)
+    return render_sbatch(spec, runs_root=str(root), python=python, launch=launch, site_dirs=sources.template_dirs,
+                         array_specs=sweep)
+
+
+def preflight(spec: JobSpec, script: str) -> list[str]:
+    """Ask the reachable Slurm about a job without queueing it: partition and account exist, and
+    ``sbatch --test-only`` accepts the script. Raises SubmitError with Slurm's reason (exit 2)."""
+    report = []
+    s = spec.slurm
+    if s.partition is not None:
+        if not slurm_cli.partition_exists(s.partition):
+            raise SubmitError(f"partition {s.partition!r} does not exist on this cluster (see `sinfo -s`)")
+        report.append(f"partition {s.partition}: ok")
+    if s.account is not None:
+        known = slurm_cli.account_exists(s.account)
+        if known is False:
+            raise SubmitError(f"account {s.account!r} is not known to Slurm accounting (see `sacctmgr show assoc user=$USER`)")
+        report.append(f"account {s.account}: {'ok' if known else 'not checked (no accounting)'}")
+    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as handle:
+        handle.write(script)
+    try:
+        verdict = slurm_cli.test_only(handle.name)
+    finally:
+        os.unlink(handle.name)
+    report.append(f"sbatch --test-only: {verdict}")
+    return report
+
+
+def _submitit_logs(folder: Path, job_id: str) -> dict[str, str]:
+    """Where submitit's form writes: the batch shell and rank 0 share ``<id>_0_log.*``."""
+    return {"batch": str(folder / f"{job_id}_0_log.err"),
+            "rank_out": str(folder / f"{job_id}_{{rank}}_log.out"),
+            "rank_err": str(folder / f"{job_id}_{{rank}}_log.err")}
+
+
+def _train_job(spec: JobSpec, run_dir: str | None):
+    # torch-free to import and unpickle; the training code is imported when the callable runs.
+    from ..rank.callable import CommandJob, TorchrunJob, TrainJob
+
+    job_class = TorchrunJob if spec.slurm.launcher == "torchrun" else CommandJob if spec.command else TrainJob
+    return job_class(dump_yaml(spec), run_dir or "")
+
+
+def _sbatch_refused(exc: Exception) -> SubmitError:
+    text = getattr(exc, "output", None) or getattr(exc, "stderr", None) or str(exc)
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return SubmitError(f"sbatch refused the job: {slurm_cli.slurm_message(str(text))}")
+
+
+class _SlurmSubmission:
+    """One submission's jobs, and what they created (undone, with the jobs cancelled, if a later one fails)."""
+
+    def __init__(self, resolved: Resolved, cwd: Path | None, interpreter: str | None,
+                 snapshot: dict[str, str] | None = None) -> None:
+        self.snapshot = snapshot
+        self.spec, self.sweep = with_site_gpu_flag(resolved)
+        self.sources = resolved.sources
+        self.root = rundir.runs_root(self.spec.runs_dir, cwd)
+        self.group = rundir.run_group(self.root, self.spec.name)
+        self.python = resolve_python(self.spec, interpreter)
+        self.created = Created()
+        self.queued: list[str] = []
+        self.folder = self.created.mkdir(submitit_folder(self.group))
+        self.facts = submission_facts()
+
+    def executor(self, spec: JobSpec, resume_dir: Path | None = None):
+        from .submitit_hook import TemplateSlurmExecutor
+
+        return TemplateSlurmExecutor(self.folder, spec, runs_root=str(self.root), python=self.python,
+                                     site_dirs=self.sources.template_dirs,
+                                     run_dir=str(resume_dir) if resume_dir else None, array_specs=self.sweep)
+
+    def one(self, spec: JobSpec, resume_dir: Path | None) -> tuple[Any, Path]:
+        try:
+            job = self.executor(spec, resume_dir).submit(_train_job(spec, None))
+        except Exception as exc:  # submitit wraps sbatch's refusal (FailedSubmissionError, CalledProcessError)
+            raise _sbatch_refused(exc) from None
+        job_id = str(job.job_id)
+        self.queued.append(job_id)
+        script = Path(job.paths.submission_file).read_text(encoding="utf-8")
+        logs = _submitit_logs(self.folder, job_id)
+        if resume_dir is None:
+            run_dir = self.group / job_id
+            record = run_record(spec, self.sources, run_dir, job_id=job_id, cluster="slurm", logs=logs,
+                                submission=self.facts, extra={"submitit_folder": str(self.folder)})
+            write_run_files(self.created, run_dir, spec, record, script=script, snapshot=self.snapshot)
+            return job, run_dir
+        self.created.write(resume_dir / f"job-{job_id}.sbatch", script)
+        continue_run_record(resume_dir, job_id, logs)
+        return job, resume_dir
+
+    def array(self, max_parallel: int | None) -> SubmitResult:
+        executor = self.executor(self.spec)
+        if max_parallel:
+            executor.update_parameters(array_parallelism=max_parallel)
+        pack = self.spec.slurm.pack
+        jobs = []
+        try:
+            with executor.batch():
+                for first in range(0, len(self.sweep), pack):  # one array task per `pack` points
+                    jobs.append(executor.submit(_train_job(self.sweep[first], None)))
+        except Exception as exc:
+            raise _sbatch_refused(exc) from None
+        array_id = str(jobs[0].job_id).split("_")[0]
+        self.queued.append(array_id)
+        script = Path(jobs[0].paths.submission_file).read_text(encoding="utf-8")
+        run_dirs = []
+        for point, task_spec in enumerate(self.sweep):
+            task_id = str(jobs[point // pack].job_id)
+            run_dir = self.group / f"{array_id}_{point}"
+            logs = _submitit_logs(self.folder, task_id) if pack == 1 else rundir.own_logs(run_dir)
+            record = run_record(task_spec, self.sources, run_dir, job_id=task_id, cluster="slurm", logs=logs,
+                                submission=self.facts,
+                                extra={"submitit_folder": str(self.folder), "array_job_id": array_id, "pack": pack})
+            write_run_files(self.created, run_dir, task_spec, record, script=script, snapshot=self.snapshot)
+            run_dirs.append(str(run_dir))
+        packed = f", {pack} point(s) per task" if pack > 1 else ""
+        return SubmitResult(job_id=array_id, run_name=f"{self.spec.name}/{array_id}_*", run_dir=str(self.group),
+                            cluster="slurm", tasks=tuple(Path(d).name for d in run_dirs), run_dirs=tuple(run_dirs),
+                            note=f"job array {array_id}: {len(jobs)} task(s){packed}", job=jobs)
+
+    def chain(self, resume_dir: Path | None, count: int) -> SubmitResult:
+        job, run_dir = self.one(self.spec, resume_dir)
+        ids = [str(job.job_id)]
+        for _ in range(count - 1):
+            dependency = {**self.spec.slurm.extra_sbatch, "dependency": f"afterany:{ids[-1]}"}
+            follow = dataclasses.replace(self.spec, slurm=dataclasses.replace(self.spec.slurm, extra_sbatch=dependency))
+            ids.append(str(self.one(follow, run_dir)[0].job_id))
+        note = f"chain of {count} jobs: {', '.join(ids)} (each resumes {run_dir})" if count > 1 else ""
+        return SubmitResult(job_id=ids[0], run_name=f"{self.spec.name}/{run_dir.name}", run_dir=str(run_dir),
+                            cluster="slurm", tasks=tuple(ids) if count > 1 else (), run_dirs=(str(run_dir),),
+                            note=note, job=job)
+
+    def abandon(self) -> None:
+        """Cancel what this submission queued and remove what it created."""
+        for job_id in self.queued:
+            try:
+                slurm_cli.cancel(job_id)
+            except HpcTrainError:
+                pass
+        self.created.undo()
+
+
+def submit(resolved: Resolved, *, cluster: Cluster = "auto", cwd: Path | None = None, interpreter: str | None = None,
+           max_parallel: int | None = None, resume_dir: Path | None = None, chain: int = 1,
+           snapshot: bool = False) -> SubmitResult:
+    """Submit and return at once; :func:`wait_for` follows the runs to their end.
+
+    ``resolved.sweep``: one Slurm job array, a task (and run directory) per point. ``resume_dir``: continue
+    that run directory in a new job. ``chain``: queue that many jobs, each starting after the previous
+    one ended (``afterany``) and resuming the same run directory — for sites without requeue. ``snapshot``:
+    record the submit directory's code (git SHA, uncommitted diff) in each new run directory.
+    """
+    chosen, note = choose_cluster(cluster, resolved.spec)
+    code = code_snapshot((cwd or Path.cwd()).resolve()) if snapshot else None
+    if snapshot and code is None:
+        note = "; ".join(n for n in (note, "--snapshot: the submit directory is not in a git repository") if n)
+    if chosen == "local":
+        from ..local.submit import submit_local
+
+        result = submit_local(resolved, cwd=cwd, resume_dir=resume_dir, chain=chain, note=note, snapshot=code)
+    else:
+        submission = _SlurmSubmission(resolved, cwd, interpreter, code)
+        try:
+            result = submission.array(max_parallel) if submission.sweep else submission.chain(resume_dir, chain)
+        except BaseException:
+            submission.abandon()
+            raise
+    warning = register([Path(d) for d in result.run_dirs], (cwd or Path.cwd()).resolve())
+    return dataclasses.replace(result, note="; ".join(n for n in (result.note, warning) if n))
+
+
+def stream_rank0(result: SubmitResult, echo: Callable[[str], Any], poll_s: float = 0.5) -> None:
+    """Print rank 0's log lines as they come, until the run has ended (``--wait`` of one run)."""
+    if len(result.run_dirs) != 1:
+        return  # an array or a local sweep: too many streams to interleave; wait_for reports
+    run = load_run(Path(result.run_dirs[0]))
+    for line in follow_logs(run, 0, follow=True, poll_s=poll_s, is_done=lambda: is_over(run), prefix=False):
+        echo(line)
+
+
+def wait_for(result: SubmitResult, poll_s: float = WAIT_POLL_S) -> list[dict[str, Any]]:
+    """Block until every run of the submission has ended; an error saying why when one did not complete:
+    exit 2 when a rank refused its configuration or data (its own message), else exit 1."""
+    from ..local.submit import is_alive
+
+    statuses = []
+    for run_dir in result.run_dirs:
+        run = load_run(Path(run_dir))
+        pid = int(run.record.get("launcher_pid") or 0)
+        # A local launcher may still have launches of this run to go (a chain); Slurm shows a chain's next
+        # job in squeue, which keeps the run queued.
+        while not is_over(run) or (pid and is_alive(pid)):
+            time.sleep(poll_s)
+        status = run_status(run)
+        statuses.append(status)
+        if status["state"] != rundir.COMPLETED:
+            why = "; ".join(dict.fromkeys(w for w in (status.get("reason"), status.get("first_failure")) if w))
+            why = why or status["state"]
+            hint = f"see `hpc-train logs {run.name}`"
+            error = JobFailedError(f"{run.name} {status['state']}: {why}\n{status.get('hint') or hint}")
+            if status.get("exit_code") == rundir.EXIT_BAD_INPUT:
+                error.exit_code = rundir.EXIT_BAD_INPUT
+            raise error
+    return statuses

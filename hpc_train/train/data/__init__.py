@@ -1,0 +1,3 @@
+"""Data on the rank: data sets (datasets, file_sets), batches (file_batches, pipeline) and
+the DDP-aware samplers (samplers).
+"""

@@ -1,0 +1,336 @@
+"""Data sets as plain arrays and file lists (numpy only; tensors are made in :mod:`.pipeline`).
+
+Every loader returns a :class:`DataSource`: a long-tailed training split, an optional held-out split
+(for choosing τ) and a balanced test split, either in memory (``ArraySplit``: uint8 ``N×C×H×W``) or on
+disk (``FileSplit``: image paths). The long tail is cut exactly as kaidic/LDAM-DRW cuts CIFAR
+(``imbalance_cifar.py``): n_i = int(n_max · (1/IF)^(i/(C-1))) for the ``exp`` profile, a seeded
+``RandomState`` shuffling each class's indices in label order and keeping the first n_i, and the
+untouched test set. CIFAR-10-LT at IF 100 then has 12,406 training images, CIFAR-100-LT 10,847.
+
+On-disk sets (list files, ImageFolder) and their staging are in :mod:`.file_sets`. Missing or corrupt
+files raise :class:`DataError` (exit 2) naming what was expected. Nothing is ever
+downloaded unless ``train.data.download`` is true.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ...config import DataConfig
+from ...config.plugins import is_import_path
+from ...errors import HpcTrainError
+
+# LDAM-DRW normalises CIFAR-100 with the CIFAR-10 statistics too; we keep that, the recipe is the point.
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class DataError(HpcTrainError):
+    """The data set is missing, incomplete or unreadable; the message names the expected files (exit 2)."""
+
+
+@dataclass
+class ArraySplit:
+    """Images held in memory: uint8 ``N×C×H×W`` and int64 labels (small sets; they go to the device)."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass
+class FileSplit:
+    """Images on disk: paths relative to ``root`` and int64 labels (large sets; DataLoader workers)."""
+
+    root: Path
+    paths: list[str]
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+Split = ArraySplit | FileSplit
+
+
+@dataclass
+class DataSource:
+    name: str
+    num_classes: int
+    train: Split
+    test: Split
+    val: Split | None
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    in_channels: int
+    image_size: int
+    """Side of the model's input (crop size)."""
+    class_names: list[str] = field(default_factory=list)
+
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self.train, ArraySplit)
+
+    @property
+    def train_counts(self) -> np.ndarray:
+        return np.bincount(self.train.labels, minlength=self.num_classes)
+
+
+# --------------------------------------------------------------------------------------------------
+# The long-tail profile (LDAM-DRW's get_img_num_per_cls / gen_imbalanced_data)
+# --------------------------------------------------------------------------------------------------
+
+
+def longtail_counts(n_max: float, num_classes: int, imbalance_factor: float, profile: str = "exp") -> list[int]:
+    """Per-class sizes, head (class 0) to tail, with LDAM-DRW's ``int()`` truncation.
+
+    ``step`` gives the first ``C // 2`` classes ``n_max`` and the rest ``n_max / IF`` (LDAM-DRW's code
+    drops the last class when C is odd; we give it the tail size).
+    """
+    imb = 1.0 / imbalance_factor  # LDAM-DRW's imb_factor (0.01 for IF 100); same float as its literals
+    if imbalance_factor == 1:
+        return [int(n_max)] * num_classes
+    if profile == "exp":
+        return [int(n_max * (imb ** (i / (num_classes - 1.0)))) for i in range(num_classes)]
+    if profile == "step":
+        head = num_classes // 2
+        return [int(n_max)] * head + [int(n_max * imb)] * (num_classes - head)
+    raise ValueError(profile)
+
+
+def longtail_indices(labels: np.ndarray, counts: Sequence[int], seed: int) -> np.ndarray:
+    """Indices of the long-tailed subset: per class in label order, shuffle its indices with one
+    ``RandomState(seed)`` (the same stream as LDAM-DRW's ``np.random.seed(0)`` + ``np.random.shuffle``)
+    and keep the first ``counts[c]``. Returned grouped by class, as LDAM-DRW stores them."""
+    rng = np.random.RandomState(seed)
+    picked = []
+    for cls, n in zip(np.unique(labels), counts):
+        idx = np.where(labels == cls)[0]
+        rng.shuffle(idx)
+        picked.append(idx[:n])
+    return np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+
+
+def holdout_indices(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split off ``fraction`` of every class (at least one image, never a class's last one) as a held-out
+    split. Returns (kept, held_out) positions into ``labels``."""
+    rng = np.random.RandomState(seed)
+    keep, held = [], []
+    for cls in np.unique(labels):
+        idx = np.where(labels == cls)[0]
+        rng.shuffle(idx)
+        k = min(max(1, int(len(idx) * fraction)), len(idx) - 1)
+        held.append(idx[:k])
+        keep.append(idx[k:])
+    return np.sort(np.concatenate(keep)), np.sort(np.concatenate(held))
+
+
+def _take(split: Split, idx: np.ndarray) -> Split:
+    if isinstance(split, ArraySplit):
+        return ArraySplit(split.images[idx], split.labels[idx])
+    return FileSplit(split.root, [split.paths[i] for i in idx], split.labels[idx])
+
+
+def _with_holdout(train: Split, cfg: DataConfig) -> tuple[Split, Split | None]:
+    if cfg.val_fraction <= 0:
+        return train, None
+    keep, held = holdout_indices(train.labels, cfg.val_fraction, cfg.seed + 1)
+    return _take(train, keep), _take(train, held)
+
+
+# --------------------------------------------------------------------------------------------------
+# CIFAR-10 / CIFAR-100 (the official "python version" pickles)
+# --------------------------------------------------------------------------------------------------
+
+CIFAR_LAYOUT = {
+    "cifar10-lt": dict(folder="cifar-10-batches-py", train=[f"data_batch_{i}" for i in range(1, 6)],
+                       test=["test_batch"], meta="batches.meta", label_key="labels", names_key="label_names",
+                       archive="cifar-10-python.tar.gz", num_classes=10),
+    "cifar100-lt": dict(folder="cifar-100-python", train=["train"], test=["test"], meta="meta",
+                        label_key="fine_labels", names_key="fine_label_names", archive="cifar-100-python.tar.gz",
+                        num_classes=100),
+}
+
+
+def _unpickle(path: Path) -> dict:
+    # The official files are Python-2 pickles: latin1 turns their byte strings into str keys and keeps
+    # the pixel bytes intact (encoding="bytes" would give b"data" keys instead).
+    with open(path, "rb") as f:
+        obj = pickle.load(f, encoding="latin1")  # noqa: S301 - the official data format is pickle
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a dict, got {type(obj).__name__}")
+    return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
+
+
+def _read_cifar_batches(folder: Path, files: list[str], label_key: str) -> ArraySplit:
+    data, labels = [], []
+    for name in files:
+        path = folder / name
+        try:
+            entry = _unpickle(path)
+            rows = np.asarray(entry["data"], dtype=np.uint8)
+            labs = np.asarray(entry[label_key], dtype=np.int64)
+            if rows.ndim != 2 or rows.shape[1] != 3072 or len(rows) != len(labs):
+                raise ValueError(f"data is {rows.shape} with {len(labs)} labels, expected N x 3072 and N labels")
+        except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError, TypeError) as exc:
+            raise DataError(f"{path} is unreadable or not a CIFAR python batch ({exc.__class__.__name__}: {exc}); "
+                            "re-extract the official archive") from None
+        data.append(rows)
+        labels.append(labs)
+    # Each row is 1024 red, 1024 green, 1024 blue values of a row-major 32x32 image: already C x H x W.
+    return ArraySplit(np.concatenate(data).reshape(-1, 3, 32, 32), np.concatenate(labels))
+
+
+def load_cifar_lt(cfg: DataConfig, *, download_ok: bool = True) -> DataSource:
+    layout = CIFAR_LAYOUT[cfg.name]
+    root = Path(cfg.root).expanduser()
+    folder = root / layout["folder"]
+    expected = [*layout["train"], *layout["test"], layout["meta"]]
+    missing = [n for n in expected if not (folder / n).is_file()]
+    if missing and cfg.download and download_ok:
+        _download_cifar(cfg.name, root)
+        missing = [n for n in expected if not (folder / n).is_file()]
+    if missing:
+        raise DataError(
+            f"{cfg.name}: missing {', '.join(missing)} in {folder} (the official python version, "
+            f"{layout['archive']} extracted under train.data.root); set train.data.root=DIR, "
+            "or train.data.download=true where the node can reach the internet"
+        )
+    try:
+        meta = _unpickle(folder / layout["meta"])
+        class_names = [str(n) for n in meta[layout["names_key"]]]
+    except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError, TypeError) as exc:
+        raise DataError(f"{folder / layout['meta']} is unreadable ({exc}); re-extract the official archive") from None
+    train_full = _read_cifar_batches(folder, layout["train"], layout["label_key"])
+    test = _read_cifar_batches(folder, layout["test"], layout["label_key"])
+    num_classes = layout["num_classes"]
+    if len(class_names) != num_classes or train_full.labels.max(initial=0) >= num_classes:
+        raise DataError(f"{folder}: expected {num_classes} classes; is this the right CIFAR version?")
+    n_max = len(train_full) / num_classes  # LDAM-DRW: img_max = len(data) / cls_num
+    counts = longtail_counts(n_max, num_classes, cfg.imbalance_factor, cfg.profile)
+    train = _take(train_full, longtail_indices(train_full.labels, counts, cfg.seed))
+    train, val = _with_holdout(train, cfg)
+    return DataSource(cfg.name, num_classes, train, test, val, CIFAR_MEAN, CIFAR_STD, 3, 32, class_names)
+
+
+def _download_cifar(name: str, root: Path) -> None:
+    from torchvision import datasets  # only when download: true
+
+    cls = datasets.CIFAR10 if name == "cifar10-lt" else datasets.CIFAR100
+    try:
+        cls(str(root), train=True, download=True)
+    except Exception as exc:  # network errors come in many types
+        raise DataError(f"{name}: download into {root} failed ({exc}); fetch the archive by hand") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# digits-lt: scikit-learn's bundled real handwritten digits (offline demo data)
+# --------------------------------------------------------------------------------------------------
+
+
+def _read_sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's ``digits.csv.gz`` (64 pixels then the label per row), read directly: importing
+    ``sklearn.datasets`` pulls in scipy and costs seconds in every rank. Same arrays as ``load_digits``."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(base) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt") as f:
+                data = np.loadtxt(f, delimiter=",")
+            return data[:, :-1], data[:, -1].astype(np.int64)
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise DataError("digits-lt needs scikit-learn (its bundled digits): pip install scikit-learn") from None
+    digits = load_digits()
+    return digits.data, digits.target.astype(np.int64)
+
+
+def load_digits_lt(cfg: DataConfig) -> DataSource:
+    """1,797 real 8×8 digits (0–16 grey levels → uint8). Per class, in label order, one
+    ``RandomState(data.seed)`` shuffles the class's images; the first ``test_per_class`` form the balanced
+    test split, the rest the pool. The long tail is cut from the pools with the LDAM-DRW profile, n_max
+    being the smallest pool (so every class can supply its share)."""
+    pixels, labels = _read_sklearn_digits()
+    images = np.rint(pixels.reshape(-1, 1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)
+    rng = np.random.RandomState(cfg.seed)
+    test_idx, pools = [], []
+    for cls in range(10):
+        idx = np.where(labels == cls)[0]
+        rng.shuffle(idx)
+        if len(idx) <= cfg.test_per_class:
+            raise DataError(f"digits-lt: class {cls} has {len(idx)} images; lower train.data.test_per_class")
+        test_idx.append(idx[: cfg.test_per_class])
+        pools.append(idx[cfg.test_per_class:])
+    counts = longtail_counts(min(len(p) for p in pools), 10, cfg.imbalance_factor, cfg.profile)
+    train_idx = np.concatenate([p[:n] for p, n in zip(pools, counts)])
+    train = ArraySplit(images[train_idx], labels[train_idx])
+    test = ArraySplit(images[np.concatenate(test_idx)], labels[np.concatenate(test_idx)])
+    train, val = _with_holdout(train, cfg)
+    pixels = train.images.astype(np.float64) / 255.0
+    mean, std = (float(pixels.mean()),), (float(pixels.std()),)
+    return DataSource("digits-lt", 10, train, test, val, mean, std, 1, 8, [str(i) for i in range(10)])
+
+
+# --------------------------------------------------------------------------------------------------
+# synthetic-lt: generated, learnable, for throughput and tests
+# --------------------------------------------------------------------------------------------------
+
+
+def load_synthetic_lt(cfg: DataConfig) -> DataSource:
+    """Each class is a smooth random colour pattern; images are the pattern plus noise, shifted a few
+    pixels (so crops and flips matter but the task stays learnable). Deterministic in ``data.seed``."""
+    rng = np.random.RandomState(cfg.seed)
+    c, s = cfg.num_classes, cfg.image_size
+    coarse = rng.uniform(40, 215, size=(c, 3, 4, 4))
+    protos = np.repeat(np.repeat(coarse, -(-s // 4), axis=2), -(-s // 4), axis=3)[:, :, :s, :s]
+    counts = longtail_counts(cfg.max_per_class, c, cfg.imbalance_factor, cfg.profile)
+
+    def make(per_class: Sequence[int]) -> ArraySplit:
+        labels = np.repeat(np.arange(c, dtype=np.int64), per_class)
+        noise = rng.normal(0, 40, size=(len(labels), 3, s, s))
+        shifts = rng.randint(-2, 3, size=(len(labels), 2))
+        imgs = protos[labels] + noise
+        for i, (dy, dx) in enumerate(shifts):
+            imgs[i] = np.roll(imgs[i], (dy, dx), axis=(1, 2))
+        return ArraySplit(np.clip(imgs, 0, 255).astype(np.uint8), labels)
+
+    train = make(counts)
+    test = make([cfg.test_per_class] * c)
+    train, val = _with_holdout(train, cfg)
+    return DataSource("synthetic-lt", c, train, test, val, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 3, s,
+                      [str(i) for i in range(c)])
+
+
+def load(cfg: DataConfig, *, image_root: Path | None = None, download_ok: bool = True) -> DataSource:
+    """The data set ``cfg`` names. ``image_root`` replaces ``cfg.root`` for list-file images (staging)."""
+    if is_import_path(cfg.name):  # the user's own (hpc_train.train.model.plugins)
+        from ..model.plugins import load_data
+
+        return load_data(cfg)
+    if cfg.name in CIFAR_LAYOUT:
+        return load_cifar_lt(cfg, download_ok=download_ok)
+    if cfg.name == "digits-lt":
+        return load_digits_lt(cfg)
+    if cfg.name == "synthetic-lt":
+        return load_synthetic_lt(cfg)
+    if cfg.name == "list":
+        return load_list(cfg, image_root)
+    if cfg.name == "imagefolder":
+        return load_imagefolder(cfg)
+    raise DataError(f"unknown data set {cfg.name!r}")  # pragma: no cover - the config Literal rejects it
+
+
+# On-disk sets (list files, ImageFolder, staging) live in file_sets.py; imported last, as it builds on
+# the types above. ``datasets.stage_list_files`` and friends stay importable from here.
+from .file_sets import load_imagefolder, load_list, read_list_file, stage_list_files  # noqa: E402,F401

@@ -1,0 +1,450 @@
+"""The Trainer: holds the state of one rank's training and runs its loop.
+
+One loop serves both stages: epochs ``[0, train.epochs)`` train the whole network, the following
+``two_stage.crt_epochs`` re-train a re-initialised classifier on frozen features with class-balanced
+sampling (cRT), and τ-normalisation of the stage-1 classifier runs once at the end. The position
+``(epoch, step_in_epoch)`` — global batches, the same at every world size — and everything needed to
+continue from it go into each checkpoint, so a run resumed from any checkpoint, end of epoch or
+mid-epoch after a preemption signal, at the same or another world size, takes the same optimizer steps on
+the same batches with the same augmentations as one that never stopped.
+
+The jobs around the loop have their own modules: the step (:mod:`.step`) and its CUDA graphs
+(:mod:`.graphs`), evaluation (:mod:`.evaluation`), checkpoint capture and restore (:mod:`.snapshots`),
+the agreement between ranks (:mod:`.control`) and the end-of-run report (:mod:`.report`). The host does
+not wait for the GPU inside an epoch: losses are read behind the steps, ranks agree on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ...config import JobSpec, LossConfig, ScheduleConfig, TrainConfig, batchnorm as sync_bn
+from ...errors import ConfigError
+from ...rank import preempt
+from ...rank.dist import DistEnv
+from ...runs import rundir
+from ..data.datasets import DataSource
+from ..data.pipeline import EpochPlan, Feed
+from ..data.samplers import derive_seed, stage_sampler
+from ..model import two_stage
+from ..model.batchnorm import synchronise_batchnorm
+from ..model.losses import CrossEntropy, build_loss
+from ..model.models import LongTailNet, build_model, make_classifier
+from ..model.plugins import capture_check_required
+from ..observe import report
+from ..observe.evaluation import Evaluator, Head
+from ..state import checkpoint as ckpt, snapshots
+from ..state.snapshots import Checkpointer
+from . import graphs
+from .control import Agreement, Flags
+from .schedule import LrSchedule
+from .step import GradAllReduce, StepState, TrainStep, build_optimizer
+
+log = logging.getLogger("hpc_train.train")
+
+
+@dataclass
+class RankContext:
+    """Where this rank runs: its place in the job and its device."""
+
+    env: DistEnv
+    device: torch.device
+    rank: int
+    world_size: int
+    """Ranks that train together (1 for strategy none/dp)."""
+    distributed: bool
+    """A process group is up (world size > 1)."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def barrier(device: torch.device) -> None:
+    """A barrier on this rank's device (NCCL otherwise guesses the device and warns)."""
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def init_model(cfg: TrainConfig, data: DataSource) -> LongTailNet:
+    """The model at step 0: seeded, so every rank (and a test) builds the same initial weights."""
+    torch.manual_seed(derive_seed("model", cfg.seed))
+    return build_model(cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
+
+
+def default_crop_padding(cfg: TrainConfig, data: DataSource) -> int:
+    if cfg.data.random_crop_padding is not None:
+        return cfg.data.random_crop_padding
+    return 1 if data.image_size <= 8 else 4
+
+
+def default_flip(cfg: TrainConfig, data: DataSource) -> bool:
+    return cfg.data.random_flip if cfg.data.random_flip is not None else data.name != "digits-lt"
+
+
+def scaled_lr(cfg: TrainConfig, lr: float) -> float:
+    return lr * cfg.batch_size / cfg.optim.base_batch_size if cfg.optim.scale_lr else lr
+
+
+class Trainer:
+    def __init__(self, spec: JobSpec, ctx: RankContext, data: DataSource, run_dir: Path) -> None:
+        t = spec.train
+        self.spec, self.cfg, self.ctx, self.data, self.run_dir = spec, t, ctx, data, run_dir
+        self.device = ctx.device
+        self.counts: list[int] = [int(c) for c in data.train_counts]
+        self.total_epochs = t.epochs + t.two_stage.crt_epochs
+        self.feed = Feed(data, self.device, rank=ctx.rank, world_size=ctx.world_size, seed=t.seed,
+                         crop_padding=default_crop_padding(t, data), flip=default_flip(t, data),
+                         channels_last=t.channels_last, num_workers=t.data.num_workers,
+                         color_jitter=t.data.color_jitter)
+
+        model = init_model(t, data)
+        self.batchnorm = sync_bn.decide(t.sync_bn, world_size=ctx.world_size, batch_size=t.batch_size,
+                                        strategy=t.strategy)
+        if self.batchnorm.on and ctx.distributed:
+            model = synchronise_batchnorm(model, self.device)
+            if ctx.is_main:
+                log.info("BatchNorm %s", self.batchnorm.describe())
+        model = model.to(self.device)
+        if t.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model: LongTailNet = model
+        # Gradients are averaged over the ranks that train together (DDP); the losses scale by it.
+        ranks = ctx.world_size if ctx.distributed else 1
+        self.criterion = build_loss(t.loss, self.counts, ranks).to(self.device)
+        self.crt_criterion = CrossEntropy(self.counts, LossConfig(), ranks).to(self.device)
+        self.stage1: dict[str, Any] | None = None
+        """The stage-1 classifier and BatchNorm buffers, kept when cRT starts (τ-normalisation uses them)."""
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.amp)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.amp == "fp16")
+
+        self.captured, self.graphs_reason = graphs.decide(t, self.device, world_size=ctx.world_size,
+                                                          in_memory=data.in_memory)
+        if ctx.is_main and self.device.type == "cuda":
+            log.info("%s", self.graphs_reason)
+        if t.compile:
+            graphs.set_compile_cache(t)
+        self.state = StepState.on(self.device)
+        self.agreement = Agreement(ctx.distributed)
+        self.checkpointer = Checkpointer(run_dir, self.device, keep=t.keep_checkpoints, writer=ctx.is_main)
+        self.evaluator = Evaluator(self.model, self.feed, num_classes=data.num_classes, batch_size=t.eval_batch_size,
+                                   distributed=ctx.distributed, autocast=self._autocast, train_counts=self.counts,
+                                   posthoc_tau=t.loss.posthoc_tau, run_dir=run_dir, is_main=ctx.is_main,
+                                   tensorboard=t.tensorboard)
+        self.progress = report.Progress(self.device, printing=ctx.is_main)
+        self.clock = report.RunClock(self.device)
+        self.plan: EpochPlan | None = None
+        self._next_tables: dict[tuple[str, int], dict] = {}
+        self.runner: graphs.CapturedSteps | None = None
+
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.global_step = 0
+        self.phase = ""
+        self._saved_at_step = -1
+        self._last_checkpoint_s = time.monotonic()
+        self._checkpoint_asked = False
+        self._last_lr: float | None = None
+
+        resumed = self.checkpointer.restore()
+        if resumed is None:
+            self._setup_phase("main", reinit_classifier=False)
+        else:
+            snapshots.resume(self, *resumed)
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        return self.evaluator.best
+
+    @property
+    def last(self) -> dict[str, Any] | None:
+        return self.evaluator.last
+
+    # ------------------------------------------------------------------------------------------
+    # Phases
+    # ------------------------------------------------------------------------------------------
+
+    def _setup_phase(self, phase: str, *, reinit_classifier: bool) -> None:
+        t = self.cfg
+        self.phase = phase
+        if phase == "main":
+            params = list(self.model.parameters())
+            lr, schedule_cfg, epochs = scaled_lr(t, t.optim.lr), t.schedule, t.epochs
+            self.phase_start_epoch = 0
+        else:  # crt: classifier re-training on frozen features
+            if reinit_classifier:
+                self.stage1 = two_stage.snapshot(self.model)
+                torch.manual_seed(derive_seed("crt", t.seed))
+                fresh = make_classifier(self.model.feature_dim, self.data.num_classes, self.model.classifier_kind)
+                self.model.classifier = fresh.to(self.device)
+            for p in self.model.backbone.parameters():
+                p.requires_grad_(False)
+            params = list(self.model.classifier.parameters())
+            lr, epochs = scaled_lr(t, t.two_stage.crt_lr), t.two_stage.crt_epochs
+            schedule_cfg = ScheduleConfig(name="cosine", update=t.two_stage.crt_lr_update)
+            self.phase_start_epoch = t.epochs
+        self.sampler = stage_sampler(t, self.data.train.labels, self.data.num_classes, phase)
+        self.steps_per_epoch = self.sampler.steps_per_epoch(t.batch_size)
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"{self.data.name} has no training images")
+        self.schedule = LrSchedule(schedule_cfg, lr, epochs)
+        self.state.lr.fill_(lr)
+        self.optimizer = build_optimizer(t, params, self.state.lr, captured=self.captured)
+        criterion = self.criterion if phase == "main" else self.crt_criterion
+        criterion.reserve(t.batch_size, torch.float32, self.device)
+        grad_sync = None
+        if self.captured:  # a graph replays the plain (or compiled) model; the all-reduce is in the step
+            forward: nn.Module = graphs.compile_module(self.model) if t.compile else self.model
+            if self.ctx.distributed:
+                grad_sync = GradAllReduce(self.model, self.ctx.world_size)
+                for p in self.model.parameters():  # as DDP's constructor does
+                    dist.broadcast(p.data, 0)
+        else:
+            forward = self._wrap(self.model)
+        self.train_model = forward
+        self.step = TrainStep(forward=forward, criterion=criterion, optimizer=self.optimizer, state=self.state,
+                              autocast=self._autocast, scaler=self.scaler, grad_sync=grad_sync,
+                              images=self.feed.train_images() if self.data.in_memory else None)
+        self.plan = None  # the plan's shapes are the phase's
+        self.runner = graphs.CapturedSteps(self.step, self.device, agree=self.agreement.agree_all,
+                                           before_capture=self.checkpointer.wait,
+                                           check=", ".join(capture_check_required(t)) or None) if self.captured else None
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        t = self.cfg
+        wrapped: nn.Module = model
+        if t.strategy == "ddp" and self.ctx.distributed:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            wrapped = DDP(model, device_ids=ids, output_device=self.device.index if ids else None)
+        elif t.strategy == "dp":
+            # Legacy single-process DataParallel: scatters each batch over the visible GPUs of this node
+            # (on CPU it simply calls the model). Kept for old recipes; DDP is faster.
+            wrapped = nn.DataParallel(model)
+        return graphs.compile_module(wrapped) if t.compile else wrapped
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        # A captured step must not keep autocast's cast-weight cache across replays (PyTorch's notes).
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype, cache_enabled=not self.captured)
+
+    # ------------------------------------------------------------------------------------------
+    # Training
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def total_steps(self) -> int:
+        return self.total_epochs * self.steps_per_epoch
+
+    def fit(self) -> dict[str, Any]:
+        t = self.cfg
+        self.clock.begin()
+        self.progress.start(self.global_step)
+        self._first_epoch = self.epoch
+        self._write_status(rundir.RUNNING)
+        if self.global_step == 0 and self.ctx.is_main:
+            log.info("training %s: %d epochs (+%d cRT), %d steps per epoch, batch %d (%d per rank x %d ranks)",
+                     self.data.name, t.epochs, t.two_stage.crt_epochs, self.steps_per_epoch, t.batch_size,
+                     t.batch_size // self.ctx.world_size, self.ctx.world_size)
+        while self.epoch < self.total_epochs:
+            self.fit_epoch()
+        self.checkpointer.wait()
+        tau_record = None
+        if t.two_stage.tau_norm:
+            tau_record = self.evaluator.tau_normalise(self.stage1, epoch=self.epoch, global_step=self.global_step)
+            self.phase = "tau_norm"
+        return self._finish(tau_record)
+
+    def fit_epoch(self) -> None:
+        """One epoch of :meth:`fit`: train, agree, evaluate and record, checkpoint, stop if preempted."""
+        t = self.cfg
+        if self.epoch >= t.epochs and self.phase == "main":
+            self._setup_phase("crt", reinit_classifier=True)
+        self.train_epoch()
+        self.progress.record(self.state.loss, self.state.nonfinite, None, f"epoch {self.epoch} (its end)")
+        self.progress.flush(wait=True)  # the epoch's last steps too: a non-finite loss stops the run here at the latest
+        flags = self.agreement.now(self._my_flags())
+        if flags.nonfinite:
+            self._stop_nonfinite()
+        end_of_phase = self.epoch in (t.epochs, self.total_epochs)
+        if self.epoch % t.eval_every_epochs == 0 or end_of_phase:
+            self.evaluate_and_record()
+        periodic = flags.checkpoint if t.checkpoint_every_s else self.epoch % t.checkpoint_every_epochs == 0
+        if periodic or end_of_phase:
+            self.save_checkpoint(wait=end_of_phase)
+        if flags.stop and self.epoch < self.total_epochs:
+            self._preempt(flags.requeue)
+
+    def train_epoch(self) -> None:
+        """The optimizer steps of the current epoch, from ``step_in_epoch`` on."""
+        t = self.cfg
+        self.step.criterion.set_epoch(self.epoch)  # DRW: the class weights switch in place
+        self.train_model.train()
+        if self.phase == "crt" and t.two_stage.crt_bn == "frozen":
+            self.model.backbone.eval()  # stage 1's BatchNorm statistics (classifier-balancing re-estimates them)
+        local_epoch, start = self.epoch - self.phase_start_epoch, self.step_in_epoch
+        lrs = [self.schedule.lr(local_epoch, s, self.steps_per_epoch) for s in range(self.steps_per_epoch)]
+        self.state.begin_epoch(lrs, start)
+        self.step.host_lrs = lrs
+        self.clock.start("train")
+        if self.data.in_memory:
+            made = self._next_tables.pop((self.phase, self.epoch), None)
+            self.plan = self.step.plan = self.feed.epoch_plan(self.sampler, self.epoch, t.batch_size, out=self.plan,
+                                                              tables=made)
+            for step in range(start, self.steps_per_epoch):
+                kind = "full" if step < self.plan.full_steps else "last"
+                self.step.host_step = step
+                if self.runner is not None:
+                    self.runner.run(kind)
+                else:
+                    self.step.body(kind)
+                self._after_step(lrs[step])
+            if self.epoch + 1 < (t.epochs if self.phase == "main" else self.total_epochs):
+                # The next epoch's tables, made on the CPU while the GPU works through this one's steps.
+                self._next_tables = {(self.phase, self.epoch + 1): self.feed.plan_tables(
+                    self.sampler, self.epoch + 1, t.batch_size)}
+        else:
+            for x, y, y_global in self.feed.train_batches(self.sampler, self.epoch, t.batch_size, start):
+                self.step.host_step = self.step_in_epoch
+                self.step.compute(x, y, y_global)
+                self._after_step(lrs[self.step.host_step])
+        self.clock.stop("train", max(0, self.sampler.num_samples - start * t.batch_size))
+        self.epoch += 1
+        self.step_in_epoch = 0
+
+    def _after_step(self, lr: float) -> None:
+        t = self.cfg
+        self.step_in_epoch += 1
+        self.global_step += 1
+        self._last_lr = lr
+        if self.global_step % t.log_every_steps == 0:
+            self.progress.step_line(self.state, epoch=self.epoch, total_epochs=self.total_epochs,
+                                    step=self.step_in_epoch, steps=self.steps_per_epoch, global_step=self.global_step,
+                                    total_steps=self.total_steps, batch=t.batch_size, lr=lr)
+        elif self.device.type == "cuda":
+            self.progress.flush(wait=False)
+        if self.global_step % t.preempt_check_every_steps == 0:
+            flags = self.agreement.poll(self._my_flags())
+            if flags.nonfinite:
+                self._stop_nonfinite()
+            if flags.stop:
+                self._preempt(flags.requeue)
+            if flags.checkpoint and t.checkpoint_every_s:
+                self.save_checkpoint(wait=False)  # written in the background while training goes on
+
+    # ------------------------------------------------------------------------------------------
+    # Agreement, preemption and checkpoints
+    # ------------------------------------------------------------------------------------------
+
+    def _my_flags(self) -> Flags:
+        due = False
+        t = self.cfg
+        if self.ctx.is_main and t.checkpoint_every_s and not self._checkpoint_asked:
+            due = self._checkpoint_asked = time.monotonic() - self._last_checkpoint_s >= t.checkpoint_every_s
+        return Flags(stop=preempt.requested(), requeue=preempt.requeue_requested(), checkpoint=due,
+                     nonfinite=self.progress.nonfinite_at is not None)
+
+    def _stop_nonfinite(self) -> None:
+        where = self.progress.nonfinite_at or "on another rank"
+        message = (
+            f"the training loss is not finite (nan or inf), first seen at {where}; stopped after "
+            f"{self.global_step} optimizer steps (checkpoints in {self.run_dir} predate it). Lower train.optim.lr "
+            "(or lengthen its warm-up), use amp bf16 rather than fp16, or check the data")
+        self._write_status(rundir.FAILED, exit_code=rundir.EXIT_FAILED, reason=message)
+        raise report.NonFiniteLoss(message)
+
+    def _preempt(self, by_requeue_signal: bool) -> None:
+        mine = preempt.received()
+        log.warning("preemption signal (%s) — checkpointing at epoch %d step %d",
+                    ",".join(mine) if mine else "on another rank", self.epoch, self.step_in_epoch)
+        path = self.save_checkpoint(wait=True)  # written and fsynced before any requeue or exit
+        s = self.spec.slurm
+        requeued, message = False, ""
+        if self.ctx.is_main:
+            decision = preempt.decide_requeue(requeue_enabled=s.requeue, max_requeues=s.max_requeues,
+                                              by_requeue_signal=by_requeue_signal)
+            if decision.requeue and decision.job_id:
+                requeued, message = preempt.requeue(decision.job_id)
+            else:
+                message = f"not requeued: {decision.reason}"
+        requeued = self.agreement.agree_any(requeued)  # rank 0's outcome, on every rank
+        if requeued:
+            summary = f"checkpoint {path.name} written; job requeued ({message or 'by rank 0'})"
+        else:
+            summary = (f"checkpoint {path.name} written, run stopped ({message or 'see rank 0'}); continue it "
+                       f"with: hpc-train submit --resume {self.run_dir}")
+        self._write_status(rundir.REQUEUED if requeued else rundir.PREEMPTED,
+                           exit_code=rundir.EXIT_OK if requeued else rundir.EXIT_CHECKPOINTED)
+        if self.ctx.is_main:
+            log.warning(summary)
+        raise preempt.Preempted(requeued=requeued, message=summary, checkpoint=str(path))
+
+    def save_checkpoint(self, *, wait: bool = True) -> Path:
+        """All ranks take part (RNG states are gathered); rank 0 writes — in the background unless
+        ``wait`` (then the file is on disk on return, every rank past it); returns the path."""
+        path = ckpt.checkpoint_path(self.run_dir, self.global_step)
+        if self._saved_at_step != self.global_step:
+            state = snapshots.trainer_state(self)  # every rank: RNG states are gathered, buffers broadcast
+            self.checkpointer.save(state if self.ctx.is_main else {}, self.global_step, wait=False)
+            self._saved_at_step = self.global_step
+            self._last_checkpoint_s, self._checkpoint_asked = time.monotonic(), False
+        if wait:
+            self.checkpointer.wait()
+            self.agreement.barrier()
+        return path
+
+    # ------------------------------------------------------------------------------------------
+    # Evaluation and the end
+    # ------------------------------------------------------------------------------------------
+
+    def heads(self) -> dict[str, Head]:
+        return self.evaluator.heads()
+
+    def evaluate(self, split: str, heads: dict[str, Head]) -> dict[str, tuple[list, list]]:
+        """Per-class [correct, count] of each head on ``split``, summed over ranks (one host read)."""
+        return self.evaluator.evaluate({split: heads})[split]
+
+    def evaluate_and_record(self) -> dict[str, Any]:
+        before = self.evaluator.images
+        self.clock.start("eval")
+        record = self.evaluator.evaluate_and_record(epoch=self.epoch, total_epochs=self.total_epochs,
+                                                    global_step=self.global_step, phase=self.phase,
+                                                    has_val=self.data.val is not None)
+        self.clock.stop("eval", self.evaluator.images - before)
+        return record
+
+    def _finish(self, tau_record: dict[str, Any] | None) -> dict[str, Any]:
+        timing = self.clock.timing(self.total_epochs - self._first_epoch)
+        timing["cuda_graphs"] = {"on": self.captured, "reason": self.graphs_reason,
+                                 "captured": sorted(self.runner.graphs) if self.runner else [],
+                                 "fell_back": self.runner.failed if self.runner else None}
+        if self.cfg.compile:
+            timing["compiled_graphs"] = graphs.compiled_graphs()
+        timing["checkpoint_stall_ms_max"] = round(1000 * max(self.checkpointer.stall_s, default=0.0), 2)
+        summary = report.finish(run_dir=self.run_dir, data_name=self.data.name, num_classes=self.data.num_classes,
+                                total_epochs=self.total_epochs, global_step=self.global_step,
+                                world_size=self.ctx.world_size, counts=self.counts, best=self.best, last=self.last,
+                                tau_record=tau_record, timing=timing, is_main=self.ctx.is_main)
+        self._write_status(rundir.COMPLETED, exit_code=rundir.EXIT_OK)
+        return summary
+
+    def _write_status(self, state: str, exit_code: int | None = None, **extra: Any) -> None:
+        """Rank 0 records the run's state and progress in the run directory (its owner: hpc_train.runs.rundir)."""
+        if self.ctx.is_main:
+            instance, restart = rundir.instance_of()
+            rundir.append_event(self.run_dir, state, writer="trainer", instance=instance, restart=restart,
+                                epoch=self.epoch, step_in_epoch=self.step_in_epoch, global_step=self.global_step,
+                                total_epochs=self.total_epochs, exit_code=exit_code, **extra)

@@ -1,0 +1,175 @@
+"""The training step as a function of device state only: what a CUDA graph captures, and what every
+other path (the CPU, the fallback, the tests) runs eagerly — one formulation, bit for bit the
+arithmetic of the per-batch loop it replaced.
+
+Everything that changes from step to step lives in device tensors the step reads or updates in place
+(:class:`StepState`): the position in the epoch (which row of the epoch's :class:`~.pipeline.EpochPlan`
+is this step's batch and augmentation), the learning rate (a tensor the fused optimizer reads; the
+epoch's rates are a table indexed by the position), the last loss and a flag that goes up on a
+non-finite loss. The DRW class weights and LDAM margins are buffers of the loss, switched in place by
+``set_epoch``. So a step is the same kernels reading the same addresses every time, and the host's only
+per-step work is to launch it (or to replay its graph).
+
+SGD is ``torch.optim.SGD(fused=True)`` with a tensor lr: one kernel, no host value, and on the CPU bit
+for bit the for-loop SGD with a float lr (tested). AdamW's fused kernel rounds differently from the
+plain one, so AdamW is fused (tensor lr, step counts on the device) only where steps are captured and
+keeps the plain float-lr AdamW elsewhere.
+
+At world size > 1 the eager path keeps DDP (its bucketed all-reduce overlaps the backward pass). A
+captured step cannot replay DDP's hooks, so :class:`GradAllReduce` writes out what DDP does —
+BatchNorm buffers broadcast from rank 0 before the forward, gradients × 1/W summed in one all-reduce —
+and a test checks that it gives DDP's gradients and buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ...config import TrainConfig
+from ..data.pipeline import DeviceImages, EpochPlan
+from ..model.batchnorm import broadcast_buffers
+
+
+@dataclass
+class StepState:
+    """The per-step values, on the device (see the module docstring)."""
+
+    position: Tensor
+    """``(1,)`` int64: the step's index in the epoch (row of the plan and of ``lr_table``)."""
+    lr: Tensor
+    """0-dim float32: the learning rate the optimizer reads."""
+    lr_table: Tensor
+    """``(steps per epoch,)`` float32: the epoch's learning rates, refilled each epoch."""
+    loss: Tensor
+    """0-dim float32: the last step's loss (this rank's share)."""
+    nonfinite: Tensor
+    """0-dim bool: a non-finite loss since the flag was last cleared."""
+
+    @classmethod
+    def on(cls, device: torch.device) -> "StepState":
+        return cls(position=torch.zeros(1, dtype=torch.int64, device=device),
+                   lr=torch.zeros((), dtype=torch.float32, device=device),
+                   lr_table=torch.zeros(0, dtype=torch.float32, device=device),
+                   loss=torch.zeros((), dtype=torch.float32, device=device),
+                   nonfinite=torch.zeros((), dtype=torch.bool, device=device))
+
+    def begin_epoch(self, lrs: Sequence[float], start_step: int) -> None:
+        """The epoch's learning rates (computed on the host, rounded to float32 as the optimizer would)
+        and the step to start from; in place, stream-ordered after the steps already queued."""
+        table = torch.tensor(list(lrs), dtype=torch.float32)
+        if self.lr_table.shape != table.shape:
+            self.lr_table = torch.empty_like(table, device=self.position.device)
+        pinned = table.pin_memory() if self.position.device.type == "cuda" else table
+        self.lr_table.copy_(pinned, non_blocking=True)
+        self.position.fill_(start_step)
+
+
+def build_optimizer(cfg: TrainConfig, params: list[nn.Parameter], lr: Tensor, *,
+                    captured: bool) -> torch.optim.Optimizer:
+    """The phase's optimizer reading ``lr`` (see the module docstring). Momentum buffers are created by
+    the first (eager) step, before any capture."""
+    o = cfg.optim
+    if o.name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay,
+                               nesterov=o.nesterov, fused=True)
+    if captured:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=o.weight_decay, fused=True)
+    return torch.optim.AdamW(params, lr=float(lr), weight_decay=o.weight_decay)
+
+
+def reads_tensor_lr(optimizer: torch.optim.Optimizer) -> bool:
+    return all(isinstance(g["lr"], Tensor) for g in optimizer.param_groups)
+
+
+class GradAllReduce:
+    """DDP's synchronisation written out, for a captured step at world size > 1: before the forward
+    every rank takes rank 0's buffers (``broadcast_buffers=True``: BatchNorm statistics and counts);
+    after the backward the gradients are multiplied by 1/W into one flat buffer (DDP divides while
+    copying into its bucket) and summed with one all-reduce. ``world_size`` ranks, default group."""
+
+    def __init__(self, model: nn.Module, world_size: int) -> None:
+        self.model, self.world_size = model, world_size
+
+    def before_forward(self) -> None:
+        broadcast_buffers(self.model)
+
+    def after_backward(self, params: Sequence[nn.Parameter]) -> None:
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads]).mul_(1.0 / self.world_size)
+        dist.all_reduce(flat)
+        torch._foreach_copy_(grads, [v.view_as(g) for v, g in zip(flat.split([g.numel() for g in grads]), grads)])
+
+
+class TrainStep:
+    """One optimizer step: :meth:`body` from the epoch plan (capturable), :meth:`compute` from a batch
+    the host hands over (on-disk data sets). ``forward`` is the module the batch goes through (the
+    model, DDP around it, or a compiled one); ``guard`` wraps every step (the tests put
+    :class:`~.guard.NoHostSync` there)."""
+
+    def __init__(self, *, forward: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer,
+                 state: StepState, autocast: Callable[[], contextlib.AbstractContextManager],
+                 scaler: torch.amp.GradScaler, grad_sync: GradAllReduce | None = None,
+                 images: DeviceImages | None = None) -> None:
+        self.forward, self.criterion, self.optimizer = forward, criterion, optimizer
+        self.state, self.autocast, self.scaler, self.grad_sync, self.images = state, autocast, scaler, grad_sync, images
+        self.plan: EpochPlan | None = None
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.host_lrs: list[float] = []
+        self.host_step = 0
+        """The step's index in the epoch, as the host counts it (for a float-lr optimizer)."""
+        self.guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+    def body(self, kind: str) -> None:
+        """The step at ``state.position`` of the plan: ``kind`` "full" (a row of the full-batch tables)
+        or "last" (the short last batch)."""
+        plan, images, pos = self.plan, self.images, self.state.position
+        assert plan is not None and images is not None
+        with self.guard():
+            if kind == "full":
+                idx = plan.idx.index_select(0, pos).view(-1)
+                whole = plan.whole.index_select(0, pos).view(-1)
+                coords = None if plan.coords is None else plan.coords.index_select(0, pos).view(-1, 3)
+            else:
+                idx, whole, coords = plan.last_idx, plan.last_whole, plan.last_coords
+            x, y = images.apply(idx, coords)
+            self._step(x, y, images.labels[whole])
+
+    def compute(self, x: Tensor, y: Tensor, y_global: Tensor) -> None:
+        """The step for a batch the host hands over (DataLoader batches)."""
+        with self.guard():
+            self._step(x, y, y_global)
+
+    def _step(self, x: Tensor, y: Tensor, y_global: Tensor) -> None:
+        state = self.state
+        if reads_tensor_lr(self.optimizer):
+            state.lr.copy_(state.lr_table.index_select(0, state.position).view(()))
+        else:  # plain AdamW (eager only): the host knows the rate
+            rate = self.host_lrs[self.host_step]
+            for group in self.optimizer.param_groups:
+                group["lr"] = rate
+        if self.grad_sync is not None:
+            self.grad_sync.before_forward()
+        with self.autocast():
+            loss = self.criterion(self.forward(x), y, y_global)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler.is_enabled():
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            if self.grad_sync is not None:
+                self.grad_sync.after_backward(self.params)
+            self.optimizer.step()
+        done = loss.detach()
+        state.loss.copy_(done)
+        state.nonfinite.logical_or_(~torch.isfinite(done))
+        state.position.add_(1)

@@ -1,0 +1,216 @@
+"""Long-tail losses, device-agnostic (no ``torch.cuda.FloatTensor``, boolean masks only).
+
+Every loss computes per-sample values from raw logits ``(b, C)`` and integer targets ``(b,)`` — weighted
+by the class weight of the target where the loss is weighted — and reduces them over the *global*
+batch, whatever share of it this rank holds (:meth:`LongTailLoss.forward`):
+
+    loss_r = W · Σ_{i in rank r} ℓ_i / D,   D = Σ_{i in the global batch} w_{y_i}   (or the global batch size)
+
+DDP averages gradients over the W ranks, so the gradient is that of Σ_all ℓ_i / D, the single-process
+loss, at any world size and with uneven shares (the last batch of an epoch). Every rank knows the
+global batch's targets (the epoch's sequence is the same on every rank), so D needs no collective. The
+class weights are always a tensor (ones before DRW switches them, in place), so the step is the same
+code at every epoch. Cross-entropy-type losses divide by the summed weights of the targets, as
+``F.cross_entropy(weight=w)`` and LDAM-DRW's criterion do; focal divides by the batch size (its
+per-sample reduction, LDAM-DRW's ``FocalLoss``).
+
+Balanced softmax and the logit-adjusted loss are implemented separately on purpose: with τ = 1 they are
+the same function (log n_c and log π_c differ by log N, which softmax ignores), and a test checks that
+two independent implementations agree.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...config import LossConfig
+from ...config.plugins import is_import_path
+
+
+def target_mask(target: Tensor, num_classes: int) -> Tensor:
+    """``(b, C)`` booleans, True at each sample's target class: ``F.one_hot(target, C).bool()`` without
+    one_hot's range check, which reads the targets' min and max back to the host on the CPU."""
+    return target[:, None] == torch.arange(num_classes, device=target.device)[None, :]
+
+
+def class_balanced_weights(counts: Sequence[int] | Tensor, beta: float) -> Tensor:
+    """Cui et al. 2019: w_c = (1 - β) / (1 - β^n_c), normalised to sum to C (float64 for the small
+    1 - β^n; classes without images get weight 0)."""
+    n = torch.as_tensor(counts, dtype=torch.float64)
+    effective = 1.0 - torch.pow(torch.full_like(n, beta), n)
+    w = torch.where(n > 0, (1.0 - beta) / effective.clamp_min(1e-300), torch.zeros_like(n))
+    return w / w.sum() * (n > 0).sum()
+
+
+def ldam_margins(counts: Sequence[int] | Tensor, max_margin: float) -> Tensor:
+    """Cao et al. 2019: m_c ∝ n_c^(-1/4), scaled so the largest (rarest class) is ``max_margin``."""
+    n = torch.as_tensor(counts, dtype=torch.float64).clamp_min(1)
+    m = 1.0 / torch.sqrt(torch.sqrt(n))
+    return m * (max_margin / m.max())
+
+
+class LongTailLoss(nn.Module):
+    """Base: per-class weights (switched on at ``drw_epoch`` by :meth:`set_epoch`) and the global-batch
+    reduction. Subclasses implement :meth:`per_sample`."""
+
+    normalise_by_weight = True
+    """Divide by the global batch's summed target weights (cross-entropy type); False: by its size."""
+
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__()
+        self.counts_list = [int(c) for c in counts]
+        self.num_classes = len(self.counts_list)
+        self.world_size = world_size
+        self.reweight, self.drw_epoch, self.cb_beta = cfg.reweight, cfg.drw_epoch, cfg.cb_beta
+        cb = class_balanced_weights(self.counts_list, cfg.cb_beta)
+        self.register_buffer("cb_weights", cb, persistent=False)
+        # The weights in use: ones (x * 1.0 is exact, so an unweighted loss is bit for bit the plain one)
+        # or the class-balanced ones; DRW copies the latter in at its epoch.
+        weighted = cfg.reweight == "class_balanced" and cfg.drw_epoch is None
+        self.register_buffer("class_weights", cb.clone() if weighted else torch.ones_like(cb), persistent=False)
+        self._zeros = torch.zeros(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """DRW: plain loss before ``drw_epoch``, class-balanced weights from it on."""
+        if self.drw_epoch is not None:
+            self.class_weights.copy_(self.cb_weights if epoch >= self.drw_epoch else torch.ones_like(self.cb_weights))
+
+    def _prepare(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """Losses are computed in float32 at least (AMP logits arrive in bf16/fp16; float64 stays
+        float64); the per-class buffers are kept in float64 and follow the logits' dtype."""
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        return logits, self.class_weights.to(logits.dtype)
+
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+        """``(b,)`` loss values, each weighted by its target's class weight where the loss is weighted."""
+        raise NotImplementedError
+
+    def reserve(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Allocate :meth:`normaliser`'s scratch for global batches up to ``batch`` now: a captured step
+        must not allocate state that outlives it."""
+        if self._zeros.shape[0] < batch or self._zeros.dtype != dtype or self._zeros.device != device:
+            self._zeros = torch.zeros(batch, self.num_classes, dtype=dtype, device=device)
+
+    def normaliser(self, global_target: Tensor, dtype: torch.dtype) -> Tensor:
+        """D: the global batch's summed target weights, or its size. The sum is the second output of
+        ``nll_loss`` itself, so a rank holding the whole global batch (world size 1) divides by exactly
+        the number ``F.cross_entropy(weight=w)`` divides by: bit for bit the single-process loss."""
+        n = global_target.numel()
+        if not self.normalise_by_weight:
+            return torch.full((), n, dtype=dtype, device=global_target.device)
+        self.reserve(n, dtype, global_target.device)
+        weight = self.class_weights.to(dtype)
+        return torch.ops.aten.nll_loss_forward(self._zeros[:n], global_target, weight, 1, -100)[1]
+
+    def forward(self, logits: Tensor, target: Tensor, global_target: Tensor | None = None) -> Tensor:
+        """This rank's share of the global batch's loss (see the module docstring). ``global_target``:
+        the targets of the whole global batch; None means this rank holds all of it."""
+        values = self.per_sample(logits, target)
+        total = self.normaliser(target if global_target is None else global_target, values.dtype)
+        return values.sum() * (self.world_size / total)
+
+
+class CrossEntropy(LongTailLoss):
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
+        self.label_smoothing = cfg.label_smoothing
+
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+        logits, weight = self._prepare(logits)
+        return F.cross_entropy(logits, target, weight=weight, label_smoothing=self.label_smoothing, reduction="none")
+
+
+class FocalLoss(LongTailLoss):
+    """Lin et al. 2017, per sample: w_y · (1 - p_y)^γ · (-log p_y), averaged over the batch. p_y comes
+    from the unweighted softmax (LDAM-DRW derives it from the weighted CE, which mixes the weight into
+    the focusing term)."""
+
+    normalise_by_weight = False
+
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
+        self.gamma = cfg.focal_gamma
+
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+        logits, weight = self._prepare(logits)
+        ce = F.cross_entropy(logits, target, reduction="none")
+        return (1.0 - torch.exp(-ce)).pow(self.gamma) * ce * weight[target]
+
+
+class LDAMLoss(LongTailLoss):
+    """Subtract the class margin from the target logit only, scale by s, cross-entropy."""
+
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
+        self.register_buffer("margins", ldam_margins(self.counts_list, cfg.ldam_max_margin), persistent=False)
+        self.scale = cfg.ldam_scale
+
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+        logits, weight = self._prepare(logits)
+        is_target = target_mask(target, logits.shape[1])
+        adjusted = torch.where(is_target, logits - self.margins.to(logits.dtype)[None, :], logits)
+        return F.cross_entropy(self.scale * adjusted, target, weight=weight, reduction="none")
+
+
+class BalancedSoftmaxLoss(LongTailLoss):
+    """Ren et al. 2020: softmax over logits + log n_c (the training class counts)."""
+
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
+        n = torch.as_tensor(self.counts_list, dtype=torch.float64).clamp_min(1)
+        self.register_buffer("log_counts", torch.log(n), persistent=False)
+
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+        logits, weight = self._prepare(logits)
+        return F.cross_entropy(logits + self.log_counts.to(logits.dtype), target, weight=weight, reduction="none")
+
+
+class LogitAdjustedLoss(LongTailLoss):
+    """Menon et al. 2021: softmax over logits + τ·log π_c, π the empirical class prior."""
+
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
+        total = float(sum(self.counts_list))
+        prior = torch.tensor([max(c, 1) / total for c in self.counts_list], dtype=torch.float64)
+        self.register_buffer("offsets", cfg.tau * torch.log(prior), persistent=False)
+
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+        logits, weight = self._prepare(logits)
+        return F.cross_entropy(logits + self.offsets.to(logits.dtype), target, weight=weight, reduction="none")
+
+
+LOSSES: dict[str, type[LongTailLoss]] = {
+    "ce": CrossEntropy,
+    "focal": FocalLoss,
+    "ldam": LDAMLoss,
+    "balanced_softmax": BalancedSoftmaxLoss,
+    "logit_adjusted": LogitAdjustedLoss,
+}
+
+
+def build_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1) -> LongTailLoss:
+    """The loss of ``cfg``; ``world_size``: the ranks whose gradients DDP averages (see the module docstring)."""
+    if is_import_path(cfg.name):  # the user's own per-sample loss (hpc_train.train.model.plugins)
+        from .plugins import build_loss as build_plugin
+
+        return build_plugin(cfg, counts, world_size)
+    return LOSSES[cfg.name](counts, cfg, world_size)
+
+
+def log_prior(counts: Sequence[int], dtype: torch.dtype = torch.float32,
+              device: torch.device | None = None) -> Tensor:
+    """log π_c, the empirical class prior of the training counts (a class without images counts as 1)."""
+    total = float(sum(counts))
+    return torch.tensor([math.log(max(c, 1) / total) for c in counts], dtype=dtype, device=device)
+
+
+def posthoc_adjust(logits: Tensor, prior: Tensor, tau: float) -> Tensor:
+    """Post-hoc logit adjustment (Menon et al.): predict argmax of logits - τ·log π_c (``prior``:
+    :func:`log_prior`, made once by the caller: a copy from the host per call would wait for the GPU)."""
+    return logits - tau * prior.to(logits.dtype)

@@ -1,0 +1,167 @@
+"""Networks: a feature backbone plus a classifier, so cRT can re-train the classifier alone.
+
+``resnet32`` is kaidic/LDAM-DRW's CIFAR ResNet (``resnet_cifar.py``: 3 stages of 5 basic blocks, widths
+16/32/64, option-A shortcuts that subsample and zero-pad channels, Kaiming-normal init): 464,154
+parameters with a 10-class linear head. torchvision's ResNet/ResNeXt are built without pretrained
+weights (nothing can be downloaded on a compute node, and long-tail benchmarks train from scratch).
+``small_cnn`` is a few-layer CNN for the 8×8 digits demo.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...config import ModelConfig
+from ...config.plugins import is_import_path
+
+
+class NormedLinear(nn.Module):
+    """Cosine classifier (LDAM-DRW): normalised features times normalised class vectors, in [-1, 1].
+    ``weight`` is (classes, features) like nn.Linear, so τ-normalisation and cRT treat both alike."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features).uniform_(-1, 1))
+        # LDAM-DRW: uniform_(-1, 1).renorm_(2, 1, 1e-5).mul_(1e5) — every class vector gets norm 1.
+        with torch.no_grad():
+            self.weight.copy_(F.normalize(self.weight, dim=1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.normalize(x, dim=1) @ F.normalize(self.weight, dim=1).t()
+
+
+class LongTailNet(nn.Module):
+    def __init__(self, backbone: nn.Module, feature_dim: int, num_classes: int, classifier: str) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.feature_dim = feature_dim
+        self.classifier_kind = classifier
+        self.classifier = make_classifier(feature_dim, num_classes, classifier)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.backbone(x))
+
+
+def make_classifier(feature_dim: int, num_classes: int, kind: str) -> nn.Module:
+    if kind == "cosine":
+        return NormedLinear(feature_dim, num_classes)
+    layer = nn.Linear(feature_dim, num_classes)
+    nn.init.kaiming_normal_(layer.weight)
+    return layer
+
+
+# --------------------------------------------------------------------------------------------------
+# ResNet-32 for CIFAR (option A)
+# --------------------------------------------------------------------------------------------------
+
+
+class _ShortcutA(nn.Module):
+    """Option A: take every other pixel and zero-pad the new channels (no parameters)."""
+
+    def __init__(self, planes: int) -> None:
+        super().__init__()
+        self.pad = planes // 4
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, self.pad, self.pad))
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = _ShortcutA(planes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class CifarResNet(nn.Module):
+    """The backbone of LDAM-DRW's ``resnet32``: returns the 64-d pooled features."""
+
+    def __init__(self, blocks_per_stage: int = 5, in_channels: int = 3) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        layers: list[nn.Module] = []
+        in_planes = 16
+        for planes, stride in ((16, 1), (32, 2), (64, 2)):
+            for i in range(blocks_per_stage):
+                layers.append(_BasicBlock(in_planes, planes, stride if i == 0 else 1))
+                in_planes = planes
+        self.layers = nn.Sequential(*layers)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.layers(F.relu(self.bn1(self.conv1(x))))
+        return out.mean(dim=(2, 3))  # global average pool (deterministic backward on CUDA, unlike adaptive pooling)
+
+
+# --------------------------------------------------------------------------------------------------
+# A small CNN for digits
+# --------------------------------------------------------------------------------------------------
+
+
+def small_cnn(in_channels: int) -> nn.Module:
+    def block(cin: int, cout: int) -> list[nn.Module]:
+        return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+
+    return nn.Sequential(
+        *block(in_channels, 32), *block(32, 64), nn.MaxPool2d(2),
+        *block(64, 128), _GlobalAveragePool(),
+    )  # fmt: skip
+
+
+class _GlobalAveragePool(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.mean(dim=(2, 3))
+
+
+# --------------------------------------------------------------------------------------------------
+# torchvision ResNet / ResNeXt
+# --------------------------------------------------------------------------------------------------
+
+
+def _torchvision_backbone(name: str, in_channels: int) -> tuple[nn.Module, int]:
+    from torchvision import models as tv
+
+    net = getattr(tv, name)(weights=None)
+    if in_channels != 3:
+        net.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
+    feature_dim = net.fc.in_features
+    net.fc = nn.Identity()
+    return net, feature_dim
+
+
+def build_model(cfg: ModelConfig, *, num_classes: int, in_channels: int) -> LongTailNet:
+    if is_import_path(cfg.name):  # the user's own (hpc_train.train.model.plugins)
+        from .plugins import build_model as build_plugin
+
+        return build_plugin(cfg, num_classes=num_classes, in_channels=in_channels)
+    if cfg.name == "resnet32":
+        return LongTailNet(CifarResNet(5, in_channels), 64, num_classes, cfg.classifier)
+    if cfg.name == "small_cnn":
+        return LongTailNet(small_cnn(in_channels), 128, num_classes, cfg.classifier)
+    backbone, feature_dim = _torchvision_backbone(cfg.name, in_channels)
+    return LongTailNet(backbone, feature_dim, num_classes, cfg.classifier)
+
+
+def unwrap(model: nn.Module) -> LongTailNet:
+    """The LongTailNet inside DDP / DataParallel / torch.compile wrappers."""
+    while not isinstance(model, LongTailNet):
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            raise TypeError(f"no LongTailNet inside {type(model).__name__}")
+        model = inner
+    return model

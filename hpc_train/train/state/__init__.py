@@ -1,0 +1,2 @@
+"""Checkpoints: the file format (checkpoint) and capture/write/restore (snapshots).
+"""
