@@ -41,7 +41,7 @@ def prepare_weights(path: Path, eval_per_class: int) -> None:
     from benchmarks import ours
     from hpc_train.train.data.pipeline import Feed
     from hpc_train.train.data.samplers import GlobalSampler
-    from hpc_train.train.loop.engine import init_model
+    from hpc_train.train.model.models import init_model
 
     data = cifar_shaped_lt(TRAIN_MAX_PER_CLASS, test_per_class=eval_per_class, multiple_of=BATCH)
     spec = ours.recipe_spec(device="cpu")

@@ -110,8 +110,8 @@ class Reference:
         import torch
 
         from benchmarks import ours, reference
-        from hpc_train.train.loop.engine import init_model
         from hpc_train.train.model.losses import build_loss
+        from hpc_train.train.model.models import init_model
 
         self.name, self.device, self.reference, self.workers = "reference", device, reference, workers
         t = self.cfg = ours.recipe_spec(device=device.type).train

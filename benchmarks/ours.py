@@ -33,7 +33,8 @@ def build_trainer(spec, data, run_dir: Path, *, rank: int = 0, world_size: int =
 
     from hpc_train.rank.dist import DistEnv
     from hpc_train.train.launch import configure_backends
-    from hpc_train.train.loop.engine import RankContext, Trainer
+    from hpc_train.train.loop.context import RankContext
+    from hpc_train.train.loop.engine import Trainer
 
     env = DistEnv.from_environ()
     device = torch.device("cuda", torch.cuda.current_device()) if spec.train.device == "cuda" else torch.device("cpu")

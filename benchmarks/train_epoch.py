@@ -73,8 +73,8 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
 
     from benchmarks import ours, reference
-    from hpc_train.train.loop.engine import init_model
     from hpc_train.train.model.losses import build_loss
+    from hpc_train.train.model.models import init_model
 
     data = cifar_shaped_lt(args.max_per_class, test_per_class=1)
     spec = ours.recipe_spec(device="cpu", channels_last=args.channels_last)

@@ -1,18 +1,8 @@
 """Public path of the rank mapping for your own code (``from hpc_train.dist import setup``); the code is
 :mod:`hpc_train.rank.dist`. Torch-free to import."""
 
-from .rank.dist import (
-                        DEFAULT_PORT_BASE,
-                        DEFAULT_PORT_SPAN,
-                        DistEnv,
-                        DistError,
-                        init_process_group,
-                        launch_info,
-                        master_port_for,
-                        setup,
-                        simulate,
-                        visible_gpu_count,
-)
+from .rank.dist import (DEFAULT_PORT_BASE, DEFAULT_PORT_SPAN, DistEnv, DistError, init_process_group, launch_info,
+                        master_port_for, setup, simulate, visible_gpu_count)
 
 __all__ = ["DEFAULT_PORT_BASE", "DEFAULT_PORT_SPAN", "DistEnv", "DistError", "init_process_group", "launch_info",
            "master_port_for", "setup", "simulate", "visible_gpu_count"]

@@ -178,7 +178,7 @@ def batchnorm_text(spec: JobSpec) -> ShellSafe:
     from .config.batchnorm import decide
 
     t = spec.train
-    decision = decide(t.sync_bn, world_size=spec.slurm.world_size, batch_size=t.batch_size, strategy=t.strategy)
+    decision = decide(t, spec.slurm.world_size)
     return ShellSafe(" ".join(decision.describe().split()))
 
 

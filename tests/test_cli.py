@@ -6,8 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpc_train.cli import cli
-from tests.cli_helpers import assert_refused
-from tests.cli_helpers import cli as run
+from tests.cli_helpers import assert_refused, cli as run
 
 COMMANDS = [[], ["render"], ["submit"], ["simulate"], ["train"], ["status"], ["logs"], ["cancel"], ["provision"],
             ["templates"], ["templates", "list"], ["templates", "show"], ["templates", "export"], ["jobs"],

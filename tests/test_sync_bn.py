@@ -20,9 +20,9 @@ JOBS = Path(__file__).resolve().parents[1] / "jobs"
     (True, 1, 128, False, "one rank"),
 ])
 def test_sync_bn_decision(setting, world, batch, on, text):
-    decision = sync_bn.decide(setting, world_size=world, batch_size=batch)
+    decision = sync_bn.rule(setting, world_size=world, batch_size=batch)
     assert decision.on is on and text in decision.reason
-    assert sync_bn.decide(True, world_size=4, batch_size=128, strategy="dp").on is False
+    assert sync_bn.rule(True, world_size=4, batch_size=128, strategy="dp").on is False
 
 
 def test_render_shows_the_batchnorm_decision():

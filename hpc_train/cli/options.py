@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -122,16 +121,11 @@ def resolve(kwargs: dict[str, Any], job: str | Path | None = None):
     if flags["command"] and flags["name"] is None and job is None and kwargs.get("job") is None:
         flags["name"] = command_name(flags["command"])
     resolved = resolve_config(job if job is not None else kwargs.get("job"), sets=kwargs.get("sets", ()),
-                              flags=flags, sweeps=kwargs.get("sweeps", ()), sweep_file=kwargs.get("sweep_file"))
-    epochs = kwargs.get("epochs")
-    if epochs is None:
-        return resolved
-    from ..config.epochs import describe, rescale
-
-    spec, changes = rescale(resolved.spec, epochs)
-    sweep = tuple(rescale(point, epochs)[0] for point in resolved.sweep)
-    click.echo(describe(epochs, changes), err=True)
-    return dataclasses.replace(resolved, spec=sweep[0] if sweep else spec, sweep=sweep)
+                              flags=flags, sweeps=kwargs.get("sweeps", ()), sweep_file=kwargs.get("sweep_file"),
+                              epochs=kwargs.get("epochs"))
+    if resolved.epochs_change:
+        click.echo(resolved.epochs_change, err=True)
+    return resolved
 
 
 def runs_root(runs_dir: str | None) -> Path:

@@ -13,6 +13,10 @@ the collectives it saves.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .training import TrainConfig
 
 AUTO_BELOW_IMAGES = 32
 
@@ -26,7 +30,12 @@ class SyncBnDecision:
         return ("synchronised across ranks" if self.on else "per rank") + f" ({self.reason})"
 
 
-def decide(setting: str | bool, *, world_size: int, batch_size: int, strategy: str = "ddp") -> SyncBnDecision:
+def decide(train: "TrainConfig", world_size: int) -> SyncBnDecision:
+    """The decision for the ``train:`` section over ``world_size`` ranks (every caller asks this one)."""
+    return rule(train.sync_bn, world_size=world_size, batch_size=train.batch_size, strategy=train.strategy)
+
+
+def rule(setting: str | bool, *, world_size: int, batch_size: int, strategy: str = "ddp") -> SyncBnDecision:
     """The decision for ``train.sync_bn = setting`` with ``batch_size`` (global) over ``world_size`` ranks."""
     if strategy != "ddp":
         return SyncBnDecision(False, f"strategy {strategy} runs one process")

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from ..errors import ConfigError
+from .epochs import describe, rescale
 from .job import JobSpec
 from .sweep import Point, apply_point, sweep_points
 from .typed import build, check_keys, field_type, plain_value
@@ -54,6 +55,8 @@ class Resolved:
     spec: JobSpec
     sources: JobSources
     sweep: tuple[JobSpec, ...] = ()
+    epochs_change: str = ""
+    """What ``epochs=N`` rescaled, one line for stderr (empty without it)."""
 
 
 def site_file_candidates() -> list[Path]:
@@ -155,22 +158,27 @@ def _layered(path: Path, sets: Sequence[str], flags: Mapping[str, Any] | None, s
 
 
 def resolve(job: str | Path | None = None, *, sets: Sequence[str] = (), flags: Mapping[str, Any] | None = None,
-            sweeps: Sequence[str] = (), sweep_file: Path | None = None, site: SiteConfig | None = None) -> Resolved:
+            sweeps: Sequence[str] = (), sweep_file: Path | None = None, site: SiteConfig | None = None,
+            epochs: int | None = None) -> Resolved:
     """The job a command works on. ``job``: a path, a shipped example's name, or None (the default job);
     ``flags``: dotted keys (``slurm.nodes``) from explicit CLI options, ``None`` values ignored;
-    ``sweeps``/``sweep_file``: one validated job per point (train.* keys only)."""
+    ``sweeps``/``sweep_file``: one validated job per point (train.* keys only); ``epochs``: ``--epochs N``,
+    the recipe rescaled to N epochs (:mod:`.epochs`; every command that takes the flag comes here)."""
     site = load_site() if site is None else site
     path = job_path(job) or default_job_path()
     merged = _layered(path, sets, flags, site)
     sources = JobSources(job_file=path, site_file=site.path, template_dirs=site.template_dirs)
     points: list[Point] = sweep_points(sweeps, sweep_file)
-    if not points:
-        return Resolved(validate(build(JobSpec, merged)), sources)
     specs = tuple(validate(build(JobSpec, apply_point(merged, point))) for point in points)
-    if specs[0].command:
+    if specs and specs[0].command:
         raise ConfigError("a sweep varies train.* keys of the shared trainer; a job with a command runs it as "
                           "written: submit one job per variant (or read the variant from your own arguments)")
-    return Resolved(specs[0], sources, specs)
+    spec = specs[0] if specs else validate(build(JobSpec, merged))
+    if epochs is None:
+        return Resolved(spec, sources, specs)
+    spec, changes = rescale(spec, epochs)
+    specs = tuple(rescale(point, epochs)[0] for point in specs)
+    return Resolved(specs[0] if specs else spec, sources, specs, describe(epochs, changes))
 
 
 def resolve_job(job_file: Path | None, *, sets: Sequence[str] = (), flags: Mapping[str, Any] | None = None,

@@ -98,7 +98,7 @@ class DistEnv:
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "DistEnv":
         env = os.environ if environ is None else environ
-        hostname = env.get("SLURMD_NODENAME") or socket.gethostname()
+        hostname = rank_and_host(env)[1]
         visible = visible_gpu_count(env)
         if all(k in env for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
             dist = cls._from_torchrun(env, hostname, visible)
@@ -228,6 +228,18 @@ class DistEnv:
 
     def export(self, environ: dict[str, str] | None = None) -> None:
         (os.environ if environ is None else environ).update(self.torch_environ())
+
+
+def rank_and_host(environ: Mapping[str, str] | None = None) -> tuple[int | None, str]:
+    """This process's rank and host for a message, read in :meth:`DistEnv.from_environ`'s order (torchrun's or
+    the local launcher's ``RANK``, Slurm's ``SLURM_PROCID``, submitit-local's) — tolerantly: it names the rank
+    whose environment may be what is broken. The rank is None when no launcher says one."""
+    env = os.environ if environ is None else environ
+    host = env.get("SLURMD_NODENAME") or socket.gethostname()
+    for name in ("RANK", "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID"):
+        if env.get(name, "").isdigit():
+            return int(env[name]), host
+    return None, host
 
 
 def simulate(nodelist: str, *, nodes: int, ranks_per_node: int, job_id: int = 1234,

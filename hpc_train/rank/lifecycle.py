@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from ..runs import rundir
 from . import preempt
+from .dist import rank_and_host
 
 if TYPE_CHECKING:
     from ..config import JobSpec
@@ -34,20 +34,11 @@ class RunOutcome:
     message: str = ""
 
 
-def _where() -> tuple[int | None, str]:
-    """This rank's number (when the launcher environment tells it) and host."""
-    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    for name in ("RANK", "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name]), host
-    return None, host
-
-
 def record_failure(run_dir: str | Path | None, reason: str, exit_code: int) -> None:
     """The failure, in the run's state log (the first failing rank's line is the run's reason)."""
     if not run_dir or not Path(run_dir).is_dir():
         return
-    rank, host = _where()
+    rank, host = rank_and_host()
     instance, restart = rundir.instance_of()
     try:
         rundir.append_event(run_dir, rundir.FAILED, writer=f"rank {rank if rank is not None else '?'}",
@@ -84,7 +75,7 @@ def run(load_job: Callable[[], tuple["JobSpec", Path | None]], *, run_dir: str |
         record_failure(known_run_dir, str(exc), exc.exit_code)
         return RunOutcome(exc.exit_code, message=str(exc))
     except Exception as exc:  # noqa: BLE001 - a crash: say which rank and host, keep the traceback
-        rank, host = _where()
+        rank, host = rank_and_host()
         where = f"rank {rank} on {host}" if rank is not None else f"on {host}"
         log.exception("training failed (%s)", where)
         print(f"error: training failed ({where}); see the traceback above", file=sys.stderr, flush=True)

@@ -22,17 +22,8 @@ from ..render import LaunchSpec, array_tasks, render_sbatch
 from ..runs import rundir
 from ..runs.index import load_run, register
 from ..runs.status import follow_logs, is_over, run_status
-from ..runs.submission import (
-    Cluster,
-    SubmitResult,
-    choose_cluster,
-    code_snapshot,
-    continue_run_record,
-    resolve_python,
-    run_record,
-    submission_facts,
-    write_run_files,
-)
+from ..runs.submission import (Cluster, SubmitResult, choose_cluster, code_snapshot, continue_run_record,
+                               resolve_python, run_record, submission_facts, write_run_files)
 from ..runs.undo import Created
 from . import client as slurm_cli
 

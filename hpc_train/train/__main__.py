@@ -11,7 +11,6 @@ not requeued (continue with ``hpc-train submit --resume RUN``).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from hpc_train.rank import lifecycle  # it installs the signal handlers before anything heavy
@@ -49,16 +48,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def load_job():
         from hpc_train.config import NO_SITE, job_path, resolve
+        from hpc_train.rank.dist import rank_and_host
 
-        resolved = resolve(job_path(args.job), sets=args.sets, site=NO_SITE if args.resolved else None)
-        spec = resolved.spec
-        if args.epochs is not None:
-            from hpc_train.config.epochs import describe, rescale
-
-            spec, changes = rescale(spec, args.epochs)
-            if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
-                print(describe(args.epochs, changes), file=sys.stderr, flush=True)
-        return spec, resolved.sources.job_file
+        resolved = resolve(job_path(args.job), sets=args.sets, site=NO_SITE if args.resolved else None,
+                           epochs=args.epochs)
+        if resolved.epochs_change and rank_and_host()[0] in (0, None):
+            print(resolved.epochs_change, file=sys.stderr, flush=True)
+        return resolved.spec, resolved.sources.job_file
 
     return lifecycle.run(load_job, run_dir=args.run_dir, dry_run=args.dry_run).exit_code
 

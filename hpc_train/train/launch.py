@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..config import JobSpec, batchnorm as sync_bn, dump_yaml
+from ..config import JobSpec, dump_yaml
+from ..config.batchnorm import decide as batchnorm_decision
 from ..errors import ConfigError
 from ..rank import preempt
 from ..rank.dist import DistEnv, init_process_group
@@ -151,11 +152,10 @@ def count_parameters(model) -> int:
 
 def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_params: int, steps: int,
               crt_steps: int = 0) -> str:
-    from ..config.batchnorm import decide
     from .observe.metrics import FEW_BELOW, MANY_ABOVE, group_sizes
 
     t = spec.train
-    batchnorm = decide(t.sync_bn, world_size=world_size, batch_size=t.batch_size, strategy=t.strategy)
+    batchnorm = batchnorm_decision(t, world_size)
     counts = [int(c) for c in data.train_counts]
     groups = group_sizes(counts)
     rows = [" ".join(str(c) for c in counts[i:i + 20]) for i in range(0, len(counts), 20)]
@@ -200,8 +200,8 @@ def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
 
     from .data import datasets
     from .data.samplers import stage_sampler
-    from .loop.engine import init_model
     from .model.losses import build_loss
+    from .model.models import init_model
 
     t = spec.train
     world = spec.slurm.world_size if (env.source == "single" and t.strategy == "ddp") else env.world_size
@@ -238,8 +238,7 @@ def prepare_run_dir(spec: JobSpec, env: DistEnv, device, run_dir: str | None, jo
                  path, env.world_size, env.source, device, t.amp, t.channels_last, t.compile)
     per_device = t.batch_size // env.world_size if t.strategy == "ddp" else t.batch_size // max(
         1, torch.cuda.device_count() if device.type == "cuda" else 1)
-    unsynced = not sync_bn.decide(t.sync_bn, world_size=env.world_size, batch_size=t.batch_size,
-                                  strategy=t.strategy).on
+    unsynced = not batchnorm_decision(t, env.world_size).on
     if per_device < 16 and unsynced and env.rank == 0:
         log.warning("batch per device is %d (< 16) and BatchNorm is not synchronised: its statistics get "
                     "noisy; raise train.batch_size, or set train.sync_bn to auto or true (ddp)", per_device)
@@ -250,7 +249,7 @@ def load_data(spec: JobSpec, env: DistEnv, device, path: Path, distributed: bool
     """The data set on this rank: staged to node-local disk first when asked, downloaded by one rank per
     node when allowed; rank 0 records the class counts."""
     from .data import datasets
-    from .loop.engine import barrier
+    from .loop.context import barrier
 
     t = spec.train
     image_root = None
@@ -280,7 +279,7 @@ def process_group(spec: JobSpec, env: DistEnv, device) -> Iterator[bool]:
     when the others are done, and a rank that tears gloo down while a peer is busy has been seen to abort
     at exit ("terminate called without an active exception"), failing a finished job."""
     from ..errors import HpcTrainError
-    from .loop.engine import barrier
+    from .loop.context import barrier
 
     distributed = env.world_size > 1
     if distributed:
@@ -311,7 +310,8 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed collective aborts, never hangs
     if spec.train.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initialises
-    from .loop.engine import RankContext, Trainer
+    from .loop.context import RankContext
+    from .loop.engine import Trainer
 
     env = _check_launcher(spec)
     setup_logging(env.rank)

@@ -19,7 +19,6 @@ import ladder_lib as lib
 from fake_repos import build as fake_repos
 from rungs_packages import IMAGE_KERNEL
 
-
 # ------------------------------------------------------------------------------------------------ gpu_validate
 
 

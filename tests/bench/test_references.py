@@ -64,8 +64,8 @@ def _our_losses(spec, data, tmp_path, epochs: int = 1) -> tuple[list[float], obj
 
 
 def _reference_losses(spec, data, trainer, epochs: int = 1, workers: int = 2) -> tuple[list[float], object]:
-    from hpc_train.train.loop.engine import init_model
     from hpc_train.train.model.losses import build_loss
+    from hpc_train.train.model.models import init_model
 
     t = spec.train
     model = init_model(t, data)  # the same seeded initialisation as the trainer's

@@ -18,7 +18,8 @@ from hpc_train.config import JobSpec, build, validate
 from hpc_train.rank.dist import DistEnv, init_process_group
 from hpc_train.train.data import datasets
 from hpc_train.train.data.samplers import GlobalSampler
-from hpc_train.train.loop.engine import RankContext, Trainer
+from hpc_train.train.loop.context import RankContext
+from hpc_train.train.loop.engine import Trainer
 
 SAMPLERS = ("instance", "class_balanced", "sqrt", "progressive", "class_aware")
 EPOCHS = (0, 1, 2)

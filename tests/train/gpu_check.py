@@ -304,7 +304,8 @@ def inner_sync_free(device_name: str, out: Path) -> None:
     from hpc_train.config import JobSpec, build, validate
     from hpc_train.rank.dist import DistEnv
     from hpc_train.train.data import datasets
-    from hpc_train.train.loop.engine import RankContext, Trainer
+    from hpc_train.train.loop.context import RankContext
+    from hpc_train.train.loop.engine import Trainer
     from hpc_train.train.loop.guard import NoHostSync
 
     cuda = device_name == "cuda"

@@ -26,9 +26,12 @@ from hpc_train.rank import preempt  # noqa: E402
 from hpc_train.rank.dist import DistEnv  # noqa: E402
 from hpc_train.runs import rundir  # noqa: E402
 from hpc_train.train.data import datasets
+from hpc_train.train.data.pipeline import default_crop_padding, default_flip  # noqa: E402
 from hpc_train.train.loop import graphs
-from hpc_train.train.loop.engine import RankContext, Trainer, default_crop_padding, default_flip, init_model  # noqa: E402
+from hpc_train.train.loop.context import RankContext  # noqa: E402
+from hpc_train.train.loop.engine import Trainer  # noqa: E402
 from hpc_train.train.loop.guard import HostSyncError, NoHostSync  # noqa: E402
+from hpc_train.train.model.models import init_model  # noqa: E402
 from hpc_train.train.state import checkpoint as ckpt  # noqa: E402
 
 from .helpers import deep_update, digits_lt_counts, make_spec  # noqa: E402
@@ -317,11 +320,10 @@ def test_time_based_checkpoints_are_written_in_the_background_mid_epoch(tmp_path
     snapshots: dict[int, dict] = {}
     save = trainer.checkpointer.save
 
-    def slow_save(state, global_step, *, wait):
-        if state:
-            snapshots[global_step] = {k: v.clone() for k, v in state["model"].items()}
+    def slow_save(global_step, *, wait):
+        snapshots[global_step] = {k: v.clone() for k, v in trainer.state_dict()["model"].items()}
         time.sleep(0.06)  # the next check finds the interval elapsed again
-        return save(state, global_step, wait=wait)
+        return save(global_step, wait=wait)
 
     trainer.checkpointer.save = slow_save
     trainer.fit()

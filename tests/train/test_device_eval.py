@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 from hpc_train.rank.dist import DistEnv  # noqa: E402
 from hpc_train.train.data import datasets
 from hpc_train.train.loop import graphs  # noqa: E402
-from hpc_train.train.loop.engine import RankContext, Trainer  # noqa: E402
+from hpc_train.train.loop.context import RankContext  # noqa: E402
+from hpc_train.train.loop.engine import Trainer  # noqa: E402
 from hpc_train.train.loop.guard import NoHostSync  # noqa: E402
 
 from .helpers import deep_update, make_spec  # noqa: E402

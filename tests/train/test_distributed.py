@@ -38,7 +38,7 @@ def test_evaluation_is_identical_at_world_sizes_1_2_3(results):
     # the whole test split in one forward pass, per-class counts with numpy.
     from hpc_train.train.data import datasets
     from hpc_train.train.data.pipeline import DeviceImages
-    from hpc_train.train.loop.engine import init_model
+    from hpc_train.train.model.models import init_model
 
     job = dist_worker.spec(1)
     data = datasets.load(job.train.data)

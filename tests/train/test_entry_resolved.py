@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from hpc_train.config import dump_yaml, resolve_job, SiteConfig
+from hpc_train.config import SiteConfig, dump_yaml, resolve_job
 
 
 def test_resolved_job_ignores_the_site_file(tmp_path):

@@ -20,17 +20,8 @@ from hpc_train.train import launch  # noqa: E402
 from hpc_train.train.__main__ import main  # noqa: E402
 from hpc_train.train.state import checkpoint as ckpt  # noqa: E402
 
-from .helpers import (  # noqa: E402
-    DIGITS_QUICK,
-    PYTHON,
-    REPO,
-    clean_env,
-    deep_update,
-    digits_lt_counts,
-    make_spec,
-    steps_per_epoch,
-    write_job,
-)
+from .helpers import (DIGITS_QUICK, PYTHON, REPO, clean_env, deep_update, digits_lt_counts, make_spec,  # noqa: E402
+                      steps_per_epoch, write_job)
 
 
 def _one_or_two_lines_no_traceback(err: str) -> None:
@@ -178,7 +169,7 @@ def _tau_norm_by_hand(spec, model_state: dict, tau: float) -> list[int]:
     that state's own features and BatchNorm statistics: classifier-balancing's tau_norm, written out."""
     from hpc_train.train.data import datasets
     from hpc_train.train.data.pipeline import DeviceImages
-    from hpc_train.train.loop.engine import init_model
+    from hpc_train.train.model.models import init_model
 
     data = datasets.load(spec.train.data)
     model = init_model(spec.train, data)

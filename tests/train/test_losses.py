@@ -9,15 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hpc_train.config import LossConfig  # noqa: E402
-from hpc_train.train.model.losses import (
-    BalancedSoftmaxLoss,
-    LogitAdjustedLoss,
-    build_loss,
-    class_balanced_weights,
-    ldam_margins,
-    log_prior,
-    posthoc_adjust,
-)
+from hpc_train.train.model.losses import (BalancedSoftmaxLoss, LogitAdjustedLoss, build_loss, class_balanced_weights,
+                                          ldam_margins, log_prior, posthoc_adjust)
 
 LOGITS = [[2.0, 1.0, 0.0], [0.5, 0.5, 3.0], [-1.0, 2.0, 0.5], [0.0, 0.0, 0.0]]
 TARGETS = [0, 2, 1, 1]

@@ -25,16 +25,8 @@ torch = pytest.importorskip("torch")
 
 from hpc_train.train.state import checkpoint as ckpt  # noqa: E402
 
-from .helpers import (  # noqa: E402
-    PYTHON,
-    REPO,
-    clean_env,
-    digits_lt_counts,
-    launch_ranks,
-    steps_per_epoch,
-    wait_all,
-    write_job,
-)
+from .helpers import (PYTHON, REPO, clean_env, digits_lt_counts, launch_ranks, steps_per_epoch,  # noqa: E402
+                      wait_all, write_job)
 
 WORLD = 2
 BATCH = 8        # 4 per rank: many short steps, so "mid-epoch" is a wide target
@@ -111,7 +103,7 @@ def test_usr2_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path):
 
     # ... and training did something: the weights moved away from the seeded initial model.
     from hpc_train.train.data import datasets
-    from hpc_train.train.loop.engine import init_model
+    from hpc_train.train.model.models import init_model
     from tests.train.helpers import make_spec
 
     spec = make_spec(TRAIN, tasks=WORLD)

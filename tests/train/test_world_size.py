@@ -41,11 +41,11 @@ def _per_batch_loop(spec) -> dict:
     import torch.nn.functional as F
 
     from hpc_train.train.data import datasets
-    from hpc_train.train.data.pipeline import DeviceImages
+    from hpc_train.train.data.pipeline import DeviceImages, default_crop_padding, default_flip
     from hpc_train.train.data.samplers import GlobalSampler, derive_seed
-    from hpc_train.train.loop.engine import default_crop_padding, default_flip, init_model
     from hpc_train.train.loop.schedule import LrSchedule
     from hpc_train.train.model.losses import class_balanced_weights, ldam_margins
+    from hpc_train.train.model.models import init_model
 
     t = spec.train
     data = datasets.load(t.data)
@@ -142,7 +142,7 @@ def _assert_same_model(a: dict, b: dict, what) -> None:
 def _initial_weights() -> dict:
     from hpc_train.config import resolve_job
     from hpc_train.train.data import datasets
-    from hpc_train.train.loop.engine import init_model
+    from hpc_train.train.model.models import init_model
 
     spec, _ = resolve_job(REPO / "jobs" / "digits_lt_demo.yaml", sets=EQUIVALENCE_SETS)
     return init_model(spec.train, datasets.load(spec.train.data)).state_dict()

@@ -15,134 +15,19 @@ downloaded unless ``train.data.download`` is true.
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ...config import DataConfig
 from ...config.plugins import is_import_path
-from ...errors import HpcTrainError
+from .file_sets import load_imagefolder, load_list, read_list_file, stage_list_files  # noqa: F401 (re-exported)
+from .sources import (IMAGENET_MEAN, IMAGENET_STD, ArraySplit, DataError, DataSource, FileSplit,  # noqa: F401
+                      Split, holdout_indices, longtail_counts, longtail_indices, take, with_holdout)
 
 # LDAM-DRW normalises CIFAR-100 with the CIFAR-10 statistics too; we keep that, the recipe is the point.
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-class DataError(HpcTrainError):
-    """The data set is missing, incomplete or unreadable; the message names the expected files (exit 2)."""
-
-
-@dataclass
-class ArraySplit:
-    """Images held in memory: uint8 ``N×C×H×W`` and int64 labels (small sets; they go to the device)."""
-
-    images: np.ndarray
-    labels: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-
-@dataclass
-class FileSplit:
-    """Images on disk: paths relative to ``root`` and int64 labels (large sets; DataLoader workers)."""
-
-    root: Path
-    paths: list[str]
-    labels: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-
-Split = ArraySplit | FileSplit
-
-
-@dataclass
-class DataSource:
-    name: str
-    num_classes: int
-    train: Split
-    test: Split
-    val: Split | None
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    in_channels: int
-    image_size: int
-    """Side of the model's input (crop size)."""
-    class_names: list[str] = field(default_factory=list)
-
-    @property
-    def in_memory(self) -> bool:
-        return isinstance(self.train, ArraySplit)
-
-    @property
-    def train_counts(self) -> np.ndarray:
-        return np.bincount(self.train.labels, minlength=self.num_classes)
-
-
-# --------------------------------------------------------------------------------------------------
-# The long-tail profile (LDAM-DRW's get_img_num_per_cls / gen_imbalanced_data)
-# --------------------------------------------------------------------------------------------------
-
-
-def longtail_counts(n_max: float, num_classes: int, imbalance_factor: float, profile: str = "exp") -> list[int]:
-    """Per-class sizes, head (class 0) to tail, with LDAM-DRW's ``int()`` truncation.
-
-    ``step`` gives the first ``C // 2`` classes ``n_max`` and the rest ``n_max / IF`` (LDAM-DRW's code
-    drops the last class when C is odd; we give it the tail size).
-    """
-    imb = 1.0 / imbalance_factor  # LDAM-DRW's imb_factor (0.01 for IF 100); same float as its literals
-    if imbalance_factor == 1:
-        return [int(n_max)] * num_classes
-    if profile == "exp":
-        return [int(n_max * (imb ** (i / (num_classes - 1.0)))) for i in range(num_classes)]
-    if profile == "step":
-        head = num_classes // 2
-        return [int(n_max)] * head + [int(n_max * imb)] * (num_classes - head)
-    raise ValueError(profile)
-
-
-def longtail_indices(labels: np.ndarray, counts: Sequence[int], seed: int) -> np.ndarray:
-    """Indices of the long-tailed subset: per class in label order, shuffle its indices with one
-    ``RandomState(seed)`` (the same stream as LDAM-DRW's ``np.random.seed(0)`` + ``np.random.shuffle``)
-    and keep the first ``counts[c]``. Returned grouped by class, as LDAM-DRW stores them."""
-    rng = np.random.RandomState(seed)
-    picked = []
-    for cls, n in zip(np.unique(labels), counts):
-        idx = np.where(labels == cls)[0]
-        rng.shuffle(idx)
-        picked.append(idx[:n])
-    return np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
-
-
-def holdout_indices(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Split off ``fraction`` of every class (at least one image, never a class's last one) as a held-out
-    split. Returns (kept, held_out) positions into ``labels``."""
-    rng = np.random.RandomState(seed)
-    keep, held = [], []
-    for cls in np.unique(labels):
-        idx = np.where(labels == cls)[0]
-        rng.shuffle(idx)
-        k = min(max(1, int(len(idx) * fraction)), len(idx) - 1)
-        held.append(idx[:k])
-        keep.append(idx[k:])
-    return np.sort(np.concatenate(keep)), np.sort(np.concatenate(held))
-
-
-def _take(split: Split, idx: np.ndarray) -> Split:
-    if isinstance(split, ArraySplit):
-        return ArraySplit(split.images[idx], split.labels[idx])
-    return FileSplit(split.root, [split.paths[i] for i in idx], split.labels[idx])
-
-
-def _with_holdout(train: Split, cfg: DataConfig) -> tuple[Split, Split | None]:
-    if cfg.val_fraction <= 0:
-        return train, None
-    keep, held = holdout_indices(train.labels, cfg.val_fraction, cfg.seed + 1)
-    return _take(train, keep), _take(train, held)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,8 +100,8 @@ def load_cifar_lt(cfg: DataConfig, *, download_ok: bool = True) -> DataSource:
         raise DataError(f"{folder}: expected {num_classes} classes; is this the right CIFAR version?")
     n_max = len(train_full) / num_classes  # LDAM-DRW: img_max = len(data) / cls_num
     counts = longtail_counts(n_max, num_classes, cfg.imbalance_factor, cfg.profile)
-    train = _take(train_full, longtail_indices(train_full.labels, counts, cfg.seed))
-    train, val = _with_holdout(train, cfg)
+    train = take(train_full, longtail_indices(train_full.labels, counts, cfg.seed))
+    train, val = with_holdout(train, cfg)
     return DataSource(cfg.name, num_classes, train, test, val, CIFAR_MEAN, CIFAR_STD, 3, 32, class_names)
 
 
@@ -276,7 +161,7 @@ def load_digits_lt(cfg: DataConfig) -> DataSource:
     train_idx = np.concatenate([p[:n] for p, n in zip(pools, counts)])
     train = ArraySplit(images[train_idx], labels[train_idx])
     test = ArraySplit(images[np.concatenate(test_idx)], labels[np.concatenate(test_idx)])
-    train, val = _with_holdout(train, cfg)
+    train, val = with_holdout(train, cfg)
     pixels = train.images.astype(np.float64) / 255.0
     mean, std = (float(pixels.mean()),), (float(pixels.std()),)
     return DataSource("digits-lt", 10, train, test, val, mean, std, 1, 8, [str(i) for i in range(10)])
@@ -307,30 +192,30 @@ def load_synthetic_lt(cfg: DataConfig) -> DataSource:
 
     train = make(counts)
     test = make([cfg.test_per_class] * c)
-    train, val = _with_holdout(train, cfg)
+    train, val = with_holdout(train, cfg)
     return DataSource("synthetic-lt", c, train, test, val, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 3, s,
                       [str(i) for i in range(c)])
 
 
+Loader = Callable[[DataConfig, "Path | None", bool], DataSource]
+"""``(data config, staged image root, may download) -> DataSource``."""
+
+DATASETS: dict[str, Loader] = {
+    "cifar10-lt": lambda cfg, _root, download_ok: load_cifar_lt(cfg, download_ok=download_ok),
+    "cifar100-lt": lambda cfg, _root, download_ok: load_cifar_lt(cfg, download_ok=download_ok),
+    "digits-lt": lambda cfg, _root, _download: load_digits_lt(cfg),
+    "synthetic-lt": lambda cfg, _root, _download: load_synthetic_lt(cfg),
+    "list": lambda cfg, image_root, _download: load_list(cfg, image_root),
+    "imagefolder": lambda cfg, _root, _download: load_imagefolder(cfg),
+}
+"""The built-in data sets, by the names ``train.data.name`` takes (``config.DatasetName``: a test ties them)."""
+
+
 def load(cfg: DataConfig, *, image_root: Path | None = None, download_ok: bool = True) -> DataSource:
-    """The data set ``cfg`` names. ``image_root`` replaces ``cfg.root`` for list-file images (staging)."""
-    if is_import_path(cfg.name):  # the user's own (hpc_train.train.model.plugins)
+    """The data set ``cfg`` names: a built-in one, or a plug-in's (:mod:`..model.plugins`). ``image_root``
+    replaces ``cfg.root`` for list-file images (staging)."""
+    if is_import_path(cfg.name):
         from ..model.plugins import load_data
 
         return load_data(cfg)
-    if cfg.name in CIFAR_LAYOUT:
-        return load_cifar_lt(cfg, download_ok=download_ok)
-    if cfg.name == "digits-lt":
-        return load_digits_lt(cfg)
-    if cfg.name == "synthetic-lt":
-        return load_synthetic_lt(cfg)
-    if cfg.name == "list":
-        return load_list(cfg, image_root)
-    if cfg.name == "imagefolder":
-        return load_imagefolder(cfg)
-    raise DataError(f"unknown data set {cfg.name!r}")  # pragma: no cover - the config Literal rejects it
-
-
-# On-disk sets (list files, ImageFolder, staging) live in file_sets.py; imported last, as it builds on
-# the types above. ``datasets.stage_list_files`` and friends stay importable from here.
-from .file_sets import load_imagefolder, load_list, read_list_file, stage_list_files  # noqa: E402,F401
+    return DATASETS[cfg.name](cfg, image_root, download_ok)

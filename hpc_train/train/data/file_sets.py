@@ -1,7 +1,7 @@
 """On-disk data sets: list files (ImageNet-LT / Places-LT / iNaturalist) and ImageFolder trees, as
-:class:`~.datasets.FileSplit` path lists (DataLoader workers read the images, :mod:`.file_batches`), and
+:class:`~.sources.FileSplit` path lists (DataLoader workers read the images, :mod:`.file_batches`), and
 the staging of list-file images to node-local disk. Missing or unreadable files raise
-:class:`~.datasets.DataError` (exit 2) naming what was expected.
+:class:`~.sources.DataError` (exit 2) naming what was expected.
 """
 
 from __future__ import annotations
@@ -11,17 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from ...config import DataConfig
-from .datasets import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    DataError,
-    DataSource,
-    FileSplit,
-    _take,
-    _with_holdout,
-    longtail_counts,
-    longtail_indices,
-)
+from .sources import (IMAGENET_MEAN, IMAGENET_STD, DataError, DataSource, FileSplit, longtail_counts,
+                      longtail_indices, take, with_holdout)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -79,7 +70,7 @@ def load_list(cfg: DataConfig, image_root: Path | None = None) -> DataSource:
     val = read_list_file(_resolve_list(root, cfg.val_list), images_at) if cfg.val_list else None
     num_classes = int(max(train.labels.max(), test.labels.max(), val.labels.max() if val else 0)) + 1
     if val is None:
-        train, val = _with_holdout(train, cfg)
+        train, val = with_holdout(train, cfg)
     return DataSource("list", num_classes, train, test, val, IMAGENET_MEAN, IMAGENET_STD, 3, cfg.image_size,
                       [str(i) for i in range(num_classes)])
 
@@ -119,8 +110,8 @@ def load_imagefolder(cfg: DataConfig) -> DataSource:
         sizes = np.bincount(train.labels, minlength=len(classes))
         counts = longtail_counts(min(int(sizes.min()), cfg.max_per_class), len(classes), cfg.imbalance_factor,
                                  cfg.profile)
-        train = _take(train, longtail_indices(train.labels, counts, cfg.seed))
-    train, val = _with_holdout(train, cfg)
+        train = take(train, longtail_indices(train.labels, counts, cfg.seed))
+    train, val = with_holdout(train, cfg)
     return DataSource("imagefolder", len(classes), train, test, val, IMAGENET_MEAN, IMAGENET_STD, 3,
                       cfg.image_size, classes)
 

@@ -32,6 +32,7 @@ import torch
 import torch.utils.data
 from torch import Tensor
 
+from ...config import TrainConfig
 from .datasets import ArraySplit, DataSource
 from .file_batches import FileImages, _CollateOrEmpty, _IndexBatches, _ShardBatches, _transforms
 from .samplers import GlobalSampler, derive_seed, eval_shard
@@ -174,6 +175,16 @@ class EpochPlan:
 # --------------------------------------------------------------------------------------------------
 # What the trainer sees
 # --------------------------------------------------------------------------------------------------
+
+
+def default_crop_padding(cfg: TrainConfig, data: DataSource) -> int:
+    if cfg.data.random_crop_padding is not None:
+        return cfg.data.random_crop_padding
+    return 1 if data.image_size <= 8 else 4
+
+
+def default_flip(cfg: TrainConfig, data: DataSource) -> bool:
+    return cfg.data.random_flip if cfg.data.random_flip is not None else data.name != "digits-lt"
 
 
 class Feed:

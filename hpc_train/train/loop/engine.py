@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,74 +26,30 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...config import JobSpec, LossConfig, ScheduleConfig, TrainConfig, batchnorm as sync_bn
+from ...config import JobSpec, LossConfig, ScheduleConfig
+from ...config.batchnorm import decide as batchnorm_decision
 from ...errors import ConfigError
 from ...rank import preempt
-from ...rank.dist import DistEnv
 from ...runs import rundir
 from ..data.datasets import DataSource
-from ..data.pipeline import EpochPlan, Feed
+from ..data.pipeline import EpochPlan, Feed, default_crop_padding, default_flip
 from ..data.samplers import derive_seed, stage_sampler
 from ..model import two_stage
-from ..model.batchnorm import synchronise_batchnorm
+from ..model.batchnorm import broadcast_buffers, synchronise_batchnorm
 from ..model.losses import CrossEntropy, build_loss
-from ..model.models import LongTailNet, build_model, make_classifier
+from ..model.models import LongTailNet, init_model, make_classifier
 from ..model.plugins import capture_check_required
 from ..observe import report
 from ..observe.evaluation import Evaluator, Head
-from ..state import checkpoint as ckpt, snapshots
+from ..state import checkpoint as ckpt
 from ..state.snapshots import Checkpointer
 from . import graphs
+from .context import RankContext
 from .control import Agreement, Flags
-from .schedule import LrSchedule
-from .step import GradAllReduce, StepState, TrainStep, build_optimizer
+from .schedule import LrSchedule, scaled_lr
+from .step import GradAllReduce, StepState, TrainStep, build_optimizer, eager_forward, reads_tensor_lr
 
 log = logging.getLogger("hpc_train.train")
-
-
-@dataclass
-class RankContext:
-    """Where this rank runs: its place in the job and its device."""
-
-    env: DistEnv
-    device: torch.device
-    rank: int
-    world_size: int
-    """Ranks that train together (1 for strategy none/dp)."""
-    distributed: bool
-    """A process group is up (world size > 1)."""
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def barrier(device: torch.device) -> None:
-    """A barrier on this rank's device (NCCL otherwise guesses the device and warns)."""
-    if device.type == "cuda":
-        dist.barrier(device_ids=[device.index])
-    else:
-        dist.barrier()
-
-
-def init_model(cfg: TrainConfig, data: DataSource) -> LongTailNet:
-    """The model at step 0: seeded, so every rank (and a test) builds the same initial weights."""
-    torch.manual_seed(derive_seed("model", cfg.seed))
-    return build_model(cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
-
-
-def default_crop_padding(cfg: TrainConfig, data: DataSource) -> int:
-    if cfg.data.random_crop_padding is not None:
-        return cfg.data.random_crop_padding
-    return 1 if data.image_size <= 8 else 4
-
-
-def default_flip(cfg: TrainConfig, data: DataSource) -> bool:
-    return cfg.data.random_flip if cfg.data.random_flip is not None else data.name != "digits-lt"
-
-
-def scaled_lr(cfg: TrainConfig, lr: float) -> float:
-    return lr * cfg.batch_size / cfg.optim.base_batch_size if cfg.optim.scale_lr else lr
 
 
 class Trainer:
@@ -110,8 +65,7 @@ class Trainer:
                          color_jitter=t.data.color_jitter)
 
         model = init_model(t, data)
-        self.batchnorm = sync_bn.decide(t.sync_bn, world_size=ctx.world_size, batch_size=t.batch_size,
-                                        strategy=t.strategy)
+        self.batchnorm = batchnorm_decision(t, ctx.world_size)
         if self.batchnorm.on and ctx.distributed:
             model = synchronise_batchnorm(model, self.device)
             if ctx.is_main:
@@ -137,7 +91,8 @@ class Trainer:
             graphs.set_compile_cache(t)
         self.state = StepState.on(self.device)
         self.agreement = Agreement(ctx.distributed)
-        self.checkpointer = Checkpointer(run_dir, self.device, keep=t.keep_checkpoints, writer=ctx.is_main)
+        self.checkpointer = Checkpointer(run_dir, self.device, keep=t.keep_checkpoints, writer=ctx.is_main,
+                                         train_state=self)
         self.evaluator = Evaluator(self.model, self.feed, num_classes=data.num_classes, batch_size=t.eval_batch_size,
                                    distributed=ctx.distributed, autocast=self._autocast, train_counts=self.counts,
                                    posthoc_tau=t.loss.posthoc_tau, run_dir=run_dir, is_main=ctx.is_main,
@@ -157,11 +112,8 @@ class Trainer:
         self._checkpoint_asked = False
         self._last_lr: float | None = None
 
-        resumed = self.checkpointer.restore()
-        if resumed is None:
+        if self.checkpointer.restore() is None:  # else load_state_dict put this trainer where it left off
             self._setup_phase("main", reinit_classifier=False)
-        else:
-            snapshots.resume(self, *resumed)
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -170,6 +122,59 @@ class Trainer:
     @property
     def last(self) -> dict[str, Any] | None:
         return self.evaluator.last
+
+    # ------------------------------------------------------------------------------------------
+    # State: what a checkpoint holds (the checkpointer only captures and writes it)
+    # ------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's training state as live references (the checkpointer copies them). Every rank calls it:
+        RNG states are gathered and rank 0's BatchNorm buffers broadcast, so the statistics saved are the ones
+        every rank uses."""
+        ctx = self.ctx
+        rng = ckpt.gather_rng(self.agreement.group if ctx.distributed else None, ctx.world_size)
+        if ctx.distributed:
+            broadcast_buffers(self.model)
+        self.sampler.epoch, self.sampler.step = self.epoch, self.step_in_epoch
+        optimizer = self.optimizer.state_dict()
+        if reads_tensor_lr(self.optimizer):  # the file keeps the number (the host knows it: nothing is read back)
+            lr = self.schedule.base_lr if self._last_lr is None else self._last_lr
+            optimizer["param_groups"] = [{**g, "lr": lr} for g in optimizer["param_groups"]]
+        return {
+            "format": ckpt.FORMAT_VERSION, "phase": self.phase, "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+            "steps_per_epoch": self.steps_per_epoch, "world_size": ctx.world_size,
+            "model": self.model.state_dict(), "optimizer": optimizer,
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "scheduler": self.schedule.state_dict(), "sampler": self.sampler.state_dict(),
+            "rng": rng, "best": self.best, "last": self.last, "train_counts": self.counts, "stage1": self.stage1,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` left off, in place: nothing a captured step reads moves. The optimizer keeps
+        this run's lr tensor and kernel choice (a checkpoint holds the lr as a number, and whatever kernel wrote
+        it)."""
+        ctx = self.ctx
+        self.model.load_state_dict(state["model"])
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+        self.global_step = int(state["global_step"])
+        self.evaluator.best, self.evaluator.last = state.get("best"), state.get("last")
+        self.stage1 = state.get("stage1")
+        self._setup_phase(state["phase"], reinit_classifier=False)
+        if int(state.get("world_size", ctx.world_size)) != ctx.world_size and ctx.is_main:
+            # Steps are global batches and augmentations are keyed by global position: nothing changes.
+            log.info("checkpoint written by %s ranks, continuing with %d", state.get("world_size"), ctx.world_size)
+        keep = [{k: g[k] for k in ("lr", "fused", "foreach", "capturable") if k in g}
+                for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(state["optimizer"])
+        for group, kept in zip(self.optimizer.param_groups, keep):
+            group.update(kept)
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.sampler.load_state_dict(state["sampler"])
+        if len(state["rng"]) == ctx.world_size:
+            ckpt.set_rng_state(state["rng"][ctx.rank])
+        self._saved_at_step = self.global_step
 
     # ------------------------------------------------------------------------------------------
     # Phases
@@ -211,7 +216,8 @@ class Trainer:
                 for p in self.model.parameters():  # as DDP's constructor does
                     dist.broadcast(p.data, 0)
         else:
-            forward = self._wrap(self.model)
+            forward = eager_forward(self.model, t.strategy, self.device, distributed=self.ctx.distributed)
+            forward = graphs.compile_module(forward) if t.compile else forward
         self.train_model = forward
         self.step = TrainStep(forward=forward, criterion=criterion, optimizer=self.optimizer, state=self.state,
                               autocast=self._autocast, scaler=self.scaler, grad_sync=grad_sync,
@@ -220,20 +226,6 @@ class Trainer:
         self.runner = graphs.CapturedSteps(self.step, self.device, agree=self.agreement.agree_all,
                                            before_capture=self.checkpointer.wait,
                                            check=", ".join(capture_check_required(t)) or None) if self.captured else None
-
-    def _wrap(self, model: nn.Module) -> nn.Module:
-        t = self.cfg
-        wrapped: nn.Module = model
-        if t.strategy == "ddp" and self.ctx.distributed:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            wrapped = DDP(model, device_ids=ids, output_device=self.device.index if ids else None)
-        elif t.strategy == "dp":
-            # Legacy single-process DataParallel: scatters each batch over the visible GPUs of this node
-            # (on CPU it simply calls the model). Kept for old recipes; DDP is faster.
-            wrapped = nn.DataParallel(model)
-        return graphs.compile_module(wrapped) if t.compile else wrapped
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
@@ -397,8 +389,7 @@ class Trainer:
         ``wait`` (then the file is on disk on return, every rank past it); returns the path."""
         path = ckpt.checkpoint_path(self.run_dir, self.global_step)
         if self._saved_at_step != self.global_step:
-            state = snapshots.trainer_state(self)  # every rank: RNG states are gathered, buffers broadcast
-            self.checkpointer.save(state if self.ctx.is_main else {}, self.global_step, wait=False)
+            self.checkpointer.save(self.global_step, wait=False)  # every rank: it asks for state_dict()
             self._saved_at_step = self.global_step
             self._last_checkpoint_s, self._checkpoint_asked = time.monotonic(), False
         if wait:

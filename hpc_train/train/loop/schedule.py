@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from ...config import ScheduleConfig
+from ...config import ScheduleConfig, TrainConfig
 
 
 class LrSchedule:
@@ -36,3 +36,8 @@ class LrSchedule:
         return {"name": self.name, "base_lr": self.base_lr, "epochs": self.epochs, "warmup": self.warmup,
                 "milestones": list(self.milestones), "gamma": self.gamma,
                 "update": self.update}
+
+
+def scaled_lr(cfg: TrainConfig, lr: float) -> float:
+    """``lr`` for the job's global batch: scaled linearly from ``optim.base_batch_size`` when ``optim.scale_lr``."""
+    return lr * cfg.batch_size / cfg.optim.base_batch_size if cfg.optim.scale_lr else lr

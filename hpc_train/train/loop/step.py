@@ -36,6 +36,20 @@ from ..data.pipeline import DeviceImages, EpochPlan
 from ..model.batchnorm import broadcast_buffers
 
 
+def eager_forward(model: nn.Module, strategy: str, device: torch.device, *, distributed: bool) -> nn.Module:
+    """The model as an eager step runs it: DDP across ranks, legacy DataParallel, or the model itself."""
+    if strategy == "ddp" and distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        return DDP(model, device_ids=ids, output_device=device.index if ids else None)
+    if strategy == "dp":
+        # Legacy single-process DataParallel: scatters each batch over the visible GPUs of this node
+        # (on CPU it simply calls the model). Kept for old recipes; DDP is faster.
+        return nn.DataParallel(model)
+    return model
+
+
 @dataclass
 class StepState:
     """The per-step values, on the device (see the module docstring)."""

@@ -192,11 +192,13 @@ LOSSES: dict[str, type[LongTailLoss]] = {
     "balanced_softmax": BalancedSoftmaxLoss,
     "logit_adjusted": LogitAdjustedLoss,
 }
+"""The built-in losses, by the names ``train.loss.name`` takes (``config.LossName``: a test ties them)."""
 
 
 def build_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1) -> LongTailLoss:
-    """The loss of ``cfg``; ``world_size``: the ranks whose gradients DDP averages (see the module docstring)."""
-    if is_import_path(cfg.name):  # the user's own per-sample loss (hpc_train.train.model.plugins)
+    """The loss ``cfg`` names, a built-in one or a plug-in's per-sample loss (:mod:`.plugins`); ``world_size``:
+    the ranks whose gradients DDP averages (see the module docstring)."""
+    if is_import_path(cfg.name):
         from .plugins import build_loss as build_plugin
 
         return build_plugin(cfg, counts, world_size)

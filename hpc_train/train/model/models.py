@@ -9,11 +9,13 @@ weights (nothing can be downloaded on a compute node, and long-tail benchmarks t
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...config import ModelConfig
+from ...config import ModelConfig, TrainConfig
 from ...config.plugins import is_import_path
 
 
@@ -144,17 +146,40 @@ def _torchvision_backbone(name: str, in_channels: int) -> tuple[nn.Module, int]:
     return net, feature_dim
 
 
+def _torchvision(name: str) -> Callable[[ModelConfig, int, int], LongTailNet]:
+    def build(cfg: ModelConfig, num_classes: int, in_channels: int) -> LongTailNet:
+        backbone, feature_dim = _torchvision_backbone(name, in_channels)
+        return LongTailNet(backbone, feature_dim, num_classes, cfg.classifier)
+
+    return build
+
+
+MODELS: dict[str, Callable[[ModelConfig, int, int], LongTailNet]] = {
+    "resnet32": lambda cfg, classes, channels: LongTailNet(CifarResNet(5, channels), 64, classes, cfg.classifier),
+    "small_cnn": lambda cfg, classes, channels: LongTailNet(small_cnn(channels), 128, classes, cfg.classifier),
+    **{name: _torchvision(name) for name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnext50_32x4d",
+                                             "resnext101_32x8d")},
+}
+"""The built-in models, by the names ``train.model.name`` takes (``config.ModelName``: a test ties them);
+each ``(model config, classes, input channels) -> LongTailNet``."""
+
+
 def build_model(cfg: ModelConfig, *, num_classes: int, in_channels: int) -> LongTailNet:
-    if is_import_path(cfg.name):  # the user's own (hpc_train.train.model.plugins)
+    """The model ``cfg`` names: a built-in one, or a plug-in's (:mod:`.plugins`)."""
+    if is_import_path(cfg.name):
         from .plugins import build_model as build_plugin
 
         return build_plugin(cfg, num_classes=num_classes, in_channels=in_channels)
-    if cfg.name == "resnet32":
-        return LongTailNet(CifarResNet(5, in_channels), 64, num_classes, cfg.classifier)
-    if cfg.name == "small_cnn":
-        return LongTailNet(small_cnn(in_channels), 128, num_classes, cfg.classifier)
-    backbone, feature_dim = _torchvision_backbone(cfg.name, in_channels)
-    return LongTailNet(backbone, feature_dim, num_classes, cfg.classifier)
+    return MODELS[cfg.name](cfg, num_classes, in_channels)
+
+
+def init_model(cfg: TrainConfig, data) -> LongTailNet:
+    """The model at step 0 for ``data`` (a DataSource): seeded, so every rank (and a test) builds the same
+    initial weights."""
+    from ..data.samplers import derive_seed
+
+    torch.manual_seed(derive_seed("model", cfg.seed))
+    return build_model(cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
 
 
 def unwrap(model: nn.Module) -> LongTailNet:

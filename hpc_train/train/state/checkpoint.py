@@ -111,6 +111,19 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def gather_rng(group: Any, world_size: int) -> list[dict[str, Any]]:
+    """Every rank's RNG states (each rank gets the list; rank 0 saves it), gathered over ``group`` — the CPU
+    group, so the GPU's queue is not drained; ``group=None``: this process alone."""
+    mine = rng_state()
+    if group is None:
+        return [mine]
+    import torch.distributed as dist
+
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, mine, group=group)
+    return every
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
     np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"],

@@ -9,9 +9,10 @@ directory; then the old ones are pruned). Training continues meanwhile; the next
 for the previous write (checkpoints are far apart), and a write that failed raises there.
 
 ``wait=True`` (the end of a stage, preemption) returns only when the file is on disk: the preemption
-checkpoint is written and fsynced before any requeue or exit. The file format and resume semantics
-are those of :mod:`.checkpoint`; :meth:`Checkpointer.restore` reads the newest complete one, and
-:func:`resume` puts a trainer back where it left off; :func:`trainer_state` is what goes in.
+checkpoint is written and fsynced before any requeue or exit. What goes in is the trainer's own
+``state_dict()`` (torchtitan's pattern: the checkpointer is handed the object whose state it saves, here
+``train_state``); :meth:`Checkpointer.restore` reads the newest complete file (format: :mod:`.checkpoint`) and
+hands it to ``train_state.load_state_dict``.
 """
 
 from __future__ import annotations
@@ -20,26 +21,27 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 
-from ..loop.step import reads_tensor_lr
-from ..model.batchnorm import broadcast_buffers
 from . import checkpoint as ckpt
-
-if TYPE_CHECKING:
-    from ..loop.engine import Trainer
 
 log = logging.getLogger("hpc_train.train")
 
 
-class Checkpointer:
-    """Snapshots of one rank's state; ``writer`` (rank 0) writes them to ``run_dir``."""
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def __init__(self, run_dir: Path, device: torch.device, *, keep: int, writer: bool) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Checkpointer:
+    """Snapshots of ``train_state`` (the Trainer); ``writer`` (rank 0) writes them to ``run_dir``."""
+
+    def __init__(self, run_dir: Path, device: torch.device, *, keep: int, writer: bool, train_state: Stateful) -> None:
         self.run_dir, self.device, self.keep, self.writer = run_dir, device, keep, writer
+        self.train_state = train_state
         self._pinned: dict[tuple, torch.Tensor] = {}
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -85,9 +87,10 @@ class Checkpointer:
     # Write
     # ------------------------------------------------------------------------------------------------
 
-    def save(self, state: dict[str, Any], global_step: int, *, wait: bool) -> Path:
-        """Capture ``state`` and (rank 0) write it as the checkpoint of ``global_step``; in the background
-        unless ``wait``. Every rank calls it (the capture is also what keeps ranks' pinned buffers warm)."""
+    def save(self, global_step: int, *, wait: bool) -> Path:
+        """Capture ``train_state.state_dict()`` and (rank 0) write it as the checkpoint of ``global_step``; in
+        the background unless ``wait``. Every rank calls it: the state dict gathers from every rank."""
+        state = self.train_state.state_dict()
         started = time.monotonic()
         path = ckpt.checkpoint_path(self.run_dir, global_step)
         if self.writer:
@@ -123,73 +126,14 @@ class Checkpointer:
     # Restore
     # ------------------------------------------------------------------------------------------------
 
-    def restore(self) -> tuple[dict[str, Any], Path] | None:
-        """The newest complete checkpoint (an unreadable one falls back to the previous), on the CPU."""
-        return ckpt.load_latest(self.run_dir, map_location="cpu")
-
-
-# --------------------------------------------------------------------------------------------------
-# What a checkpoint holds, and putting it back
-# --------------------------------------------------------------------------------------------------
-
-
-def gather_rng(trainer: Trainer) -> list[dict[str, Any]]:
-    """Every rank's RNG states (rank 0 keeps the list), gathered on the CPU group: no GPU drain."""
-    mine = ckpt.rng_state()
-    if not trainer.ctx.distributed:
-        return [mine]
-    every: list[Any] = [None] * trainer.ctx.world_size
-    dist.all_gather_object(every, mine, group=trainer.agreement.group)
-    return every
-
-
-def trainer_state(trainer: Trainer) -> dict[str, Any]:
-    """The checkpoint of ``trainer`` as live references (:meth:`Checkpointer.save` copies them). Every
-    rank calls it: RNG states are gathered and rank 0's BatchNorm buffers broadcast, so the statistics
-    saved are the ones every rank uses."""
-    t = trainer
-    rng = gather_rng(t)
-    if t.ctx.distributed:
-        broadcast_buffers(t.model)
-    t.sampler.epoch, t.sampler.step = t.epoch, t.step_in_epoch
-    optimizer = t.optimizer.state_dict()
-    if reads_tensor_lr(t.optimizer):  # the file keeps the number (the host knows it: nothing is read back)
-        lr = t.schedule.base_lr if t._last_lr is None else t._last_lr
-        optimizer["param_groups"] = [{**g, "lr": lr} for g in optimizer["param_groups"]]
-    return {
-        "format": ckpt.FORMAT_VERSION, "phase": t.phase, "epoch": t.epoch, "step_in_epoch": t.step_in_epoch,
-        "global_step": t.global_step, "steps_per_epoch": t.steps_per_epoch, "world_size": t.ctx.world_size,
-        "model": t.model.state_dict(), "optimizer": optimizer,
-        "scaler": t.scaler.state_dict() if t.scaler.is_enabled() else None,
-        "scheduler": t.schedule.state_dict(), "sampler": t.sampler.state_dict(),
-        "rng": rng, "best": t.best, "last": t.last, "train_counts": t.counts, "stage1": t.stage1,
-    }
-
-
-def resume(trainer: Trainer, state: dict[str, Any], path: Path) -> None:
-    """Put ``trainer`` where the checkpoint ``state`` (from ``path``) left off, in place: nothing a
-    captured step reads moves. The optimizer keeps this run's lr tensor and kernel choice (a checkpoint
-    holds the lr as a number, and whatever kernel wrote it)."""
-    t, ctx = trainer, trainer.ctx
-    t.model.load_state_dict(state["model"])
-    t.epoch, t.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
-    t.global_step = int(state["global_step"])
-    t.evaluator.best, t.evaluator.last = state.get("best"), state.get("last")
-    t.stage1 = state.get("stage1")
-    t._setup_phase(state["phase"], reinit_classifier=False)
-    if int(state.get("world_size", ctx.world_size)) != ctx.world_size and ctx.is_main:
-        # Steps are global batches and augmentations are keyed by global position: nothing changes.
-        log.info("checkpoint written by %s ranks, continuing with %d", state.get("world_size"), ctx.world_size)
-    keep = [{k: g[k] for k in ("lr", "fused", "foreach", "capturable") if k in g} for g in t.optimizer.param_groups]
-    t.optimizer.load_state_dict(state["optimizer"])
-    for group, kept in zip(t.optimizer.param_groups, keep):
-        group.update(kept)
-    if state.get("scaler"):
-        t.scaler.load_state_dict(state["scaler"])
-    t.sampler.load_state_dict(state["sampler"])
-    rng = state["rng"]
-    if len(rng) == ctx.world_size:
-        ckpt.set_rng_state(rng[ctx.rank])
-    t._saved_at_step = t.global_step
-    log.info("resumed from %s: epoch %d, step %d of the epoch, %d optimizer steps so far",
-             path.name, t.epoch, t.step_in_epoch, t.global_step)
+    def restore(self) -> Path | None:
+        """Load the newest complete checkpoint (an unreadable one falls back to the previous) into
+        ``train_state``; its path, or None when there is none."""
+        found = ckpt.load_latest(self.run_dir, map_location="cpu")
+        if found is None:
+            return None
+        state, path = found
+        self.train_state.load_state_dict(state)
+        log.info("resumed from %s: epoch %d, step %d of the epoch, %d optimizer steps so far",
+                 path.name, state["epoch"], state["step_in_epoch"], state["global_step"])
+        return path
