@@ -211,15 +211,8 @@ def render_sbatch(
     if spec.slurm.pack > 1 and not array_specs:
         # One job: nothing to pack, and no cores to ask for beyond its own (sbatch_cpus_per_task counts pack).
         spec = replace(spec, slurm=replace(spec.slurm, pack=1))
-    env = environment(site_dirs)
     name = spec.slurm.template
-    try:
-        template = env.get_template(name)
-    except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"{exc.filename}:{exc.lineno}: template syntax error: {exc.message}") from None
-    except jinja2.TemplateNotFound as exc:
-        where = ", ".join(str(d) for d in search_path(site_dirs))
-        raise TemplateError(f"template {exc.name!r} not found; search path: {where}") from None
+    template = _load_template(name, site_dirs)
     # Written by hpc-train itself, and only ever placed in a quoted heredoc or as the launch command.
     job_yaml = ShellSafe(dump_yaml(spec))
     array_yamls = [ShellSafe(dump_yaml(s)) for s in array_specs]
@@ -246,6 +239,21 @@ def render_sbatch(
         run_files=SimpleNamespace(state_log=rundir.STATE_LOG),
         exit_codes=SimpleNamespace(checkpointed=rundir.EXIT_CHECKPOINTED),
     )
+    return _render(template, context)
+
+
+def _load_template(name: str, site_dirs: Sequence[Path]) -> jinja2.Template:
+    try:
+        return environment(site_dirs).get_template(name)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"{exc.filename}:{exc.lineno}: template syntax error: {exc.message}") from None
+    except jinja2.TemplateNotFound as exc:
+        where = ", ".join(str(d) for d in search_path(site_dirs))
+        raise TemplateError(f"template {exc.name!r} not found; search path: {where}") from None
+
+
+def _render(template: jinja2.Template, context: dict[str, Any]) -> str:
+    """The rendered text; every way a template can fail is a TemplateError naming its file and line."""
     try:
         return template.render(**context)
     except TemplateError:

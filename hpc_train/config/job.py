@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+from .bounds import MAX_NODES, MAX_PACK, MAX_RANKS_PER_NODE, bounded
 from .training import TrainConfig
 from .typed import to_plain
 
@@ -60,15 +61,15 @@ class ContainerConfig:
 class SlurmConfig:
     """What the sbatch script asks Slurm for, and how it launches the ranks."""
 
-    nodes: int = 1
+    nodes: int = bounded(1, low=1, high=MAX_NODES, hint="use --nodes N")
     """Number of nodes."""
-    gpus_per_node: int = 0
+    gpus_per_node: int = bounded(0, low=0, high=MAX_RANKS_PER_NODE)
     """GPUs per node. 0 runs on CPUs (gloo)."""
-    tasks_per_node: int | None = None
+    tasks_per_node: int | None = bounded(None, low=1, high=MAX_RANKS_PER_NODE)
     """Training processes (ranks) per node. Unset: one per GPU (``gpus_per_node``), or 1 without GPUs."""
-    cpus_per_task: int = 4
+    cpus_per_task: int = bounded(4, low=1)
     """CPU cores per rank (data loading threads, OMP_NUM_THREADS)."""
-    mem_gb: int | None = None
+    mem_gb: int | None = bounded(None, low=0, says="0 (all memory) or more")
     """Memory per node in GB; 0 asks for all of it; unset leaves the partition default."""
     time: str = "01:00:00"
     """Wall-time limit in Slurm's format (``MM``, ``HH:MM:SS``, ``D-HH:MM`` ...)."""
@@ -103,7 +104,7 @@ class SlurmConfig:
     """Seconds before the time limit at which ``signal`` is sent."""
     requeue: bool = True
     """Requeue the job after a checkpoint on preemption or time limit."""
-    max_requeues: int = 3
+    max_requeues: int = bounded(3, low=0, says="0 or more")
     """Give up requeueing after this many restarts (``SLURM_RESTART_COUNT``)."""
     gpu_flag: GpuFlag | None = None
     """How GPUs are requested: ``--gpus-per-node=N`` or ``--gres=gpu:N``. Unset: ``--gpus-per-node``
@@ -123,7 +124,7 @@ class SlurmConfig:
     master_port_span: int = 12000
     """Range of candidate MASTER_PORTs (20000-31999 by default): below the kernel's ephemeral ports (32768
     and up), and the range the Ansible role opens in the firewall (slurm_gpu_node_rendezvous_port_range)."""
-    pack: int = 1
+    pack: int = bounded(1, low=1, high=MAX_PACK)
     """Sweep points run together in one allocation, each its own run (``--pack K``): K small runs share
     the one GPU (and K x ``cpus_per_task`` cores) of one array task. One node, one rank per point."""
 

@@ -1,14 +1,17 @@
 """The ``train:`` section of a job: what every rank runs (data, model, loss, sampler, optimizer, schedule,
 two-stage methods and the run mechanics). Consumed by ``hpc_train/train/``; torch-free.
 
-The dataclass fields *are* the schema (see :mod:`hpc_train.config.typed`); cross-field checks live in
-:mod:`hpc_train.config.validate`. All train dataclasses stay together in this one module.
+The dataclass fields *are* the schema (see :mod:`hpc_train.config.typed`), single-field bounds beside them
+(:mod:`hpc_train.config.bounds`); cross-field checks live in :mod:`hpc_train.config.validate`. All train
+dataclasses stay together in this one module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
+
+from .bounds import bounded
 
 DatasetName = Literal["cifar10-lt", "cifar100-lt", "list", "imagefolder", "digits-lt", "synthetic-lt"]
 ModelName = Literal[
@@ -34,7 +37,7 @@ class DataConfig:
     root: str = "data"
     """Directory holding the data set files: ``cifar-10-batches-py`` / ``cifar-100-python`` for CIFAR,
     the image root of list files, the ``train/`` and ``test/`` (or ``val/``) folders of ImageFolder."""
-    imbalance_factor: float = 100.0
+    imbalance_factor: float = bounded(100.0, low=1, says=">= 1 (n_max/n_min)")
     """n_max / n_min of the training set (1 keeps it balanced)."""
     profile: Literal["exp", "step"] = "exp"
     """How class sizes fall from head to tail (LDAM-DRW's ``exp`` and ``step``)."""
@@ -47,32 +50,32 @@ class DataConfig:
     """List-file held-out split (used to choose τ; never the test list)."""
     test_list: str | None = None
     """List-file test split (what the reported accuracies are measured on)."""
-    val_fraction: float = 0.0
+    val_fraction: float = bounded(0.0, low=0, high=1, high_open=True)
     """Held-out fraction of the training set per class (at least one image per class), for choosing
     τ. It shrinks the training set, so the published CIFAR-LT counts hold only at 0."""
-    num_classes: int = 10
+    num_classes: int = bounded(10, low=2)
     """Classes of ``synthetic-lt`` (the other data sets know their own)."""
-    max_per_class: int = 500
+    max_per_class: int = bounded(500, low=1)
     """Head-class size of ``synthetic-lt``; cap on the head class of long-tail subsampled ImageFolder sets."""
-    test_per_class: int = 50
+    test_per_class: int = bounded(50, low=1)
     """Balanced test images per class of ``digits-lt`` (held out from the real digits before the long
     tail is cut) and of ``synthetic-lt``."""
-    image_size: int = 32
+    image_size: int = bounded(32, low=1)
     """Side of the training crops of on-disk sets (list, ImageFolder: 224 for ImageNet-style data) and of
     ``synthetic-lt`` images. CIFAR is 32 and digits 8 whatever this says."""
-    random_crop_padding: int | None = None
+    random_crop_padding: int | None = bounded(None, low=0, says="0 or more")
     """Random-crop padding of in-memory sets (zero padding, crop back to size). Unset: 4 for 32-pixel
     sets (the CIFAR recipe), 1 for the 8-pixel digits."""
     random_flip: bool | None = None
     """Random horizontal flips. Unset: on, except for ``digits-lt`` (a flipped digit is another glyph)."""
-    num_workers: int = 4
+    num_workers: int = bounded(4, low=0, says="0 or more")
     """DataLoader workers per rank for on-disk (large) data sets; in-memory sets ignore it."""
     download: bool = False
     """Allow downloading CIFAR when the files are missing (never on by default)."""
     stage_to: str | None = None
     """Copy a list-file data set's images to this node-local directory before training (e.g. ``/tmp``
     or ``$TMPDIR``); one rank per node copies, files already there with the same size are kept."""
-    color_jitter: float = 0.4
+    color_jitter: float = bounded(0.4, low=0)
     """Brightness, contrast and saturation jitter of on-disk training images (list, ImageFolder):
     classifier-balancing's ``ColorJitter(0.4, 0.4, 0.4, 0)`` for ImageNet-LT and Places-LT; 0 turns it
     off. In-memory sets (CIFAR, digits, synthetic) ignore it."""
@@ -103,19 +106,19 @@ class LossConfig:
     **args)`` returning ``loss(logits, target) -> per-sample values``."""
     args: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments of a plug-in loss (built-in losses take none)."""
-    label_smoothing: float = 0.0
+    label_smoothing: float = bounded(0.0, low=0, high=1, high_open=True)
     """Label smoothing of ``ce`` (the other losses reject it rather than ignore it)."""
-    focal_gamma: float = 1.0
+    focal_gamma: float = bounded(1.0, low=0)
     """Focusing parameter γ of ``focal`` (LDAM-DRW uses 1)."""
-    ldam_max_margin: float = 0.5
+    ldam_max_margin: float = bounded(0.5, low=0, low_open=True)
     """Largest LDAM margin (the rarest class's); margins fall as n_c^-1/4."""
-    ldam_scale: float = 30.0
+    ldam_scale: float = bounded(30.0, low=0, low_open=True)
     """Logit scale s of LDAM (needed with the cosine classifier, whose logits lie in [-1, 1])."""
     tau: float = 1.0
     """Temperature of the logit-adjusted loss (1.0 is the paper's choice)."""
     reweight: Literal["none", "class_balanced"] = "none"
     """Per-class loss weights from the start (effective number of samples, ``cb_beta``)."""
-    cb_beta: float = 0.9999
+    cb_beta: float = bounded(0.9999, low=0, high=1, high_open=True)
     """β of the class-balanced weights (1-β)/(1-β^n_c), normalised to sum to the number of classes."""
     drw_epoch: int | None = None
     """Deferred re-weighting: class-balanced weights from this epoch index on (LDAM-DRW: 160)."""
@@ -130,10 +133,10 @@ class SamplerConfig:
     name: SamplerName = "instance"
     """``instance`` (a permutation), ``class_balanced`` (class uniform, then instance), ``sqrt`` (class
     ∝ sqrt(n_c)) or ``progressive`` (instance → class-balanced over ``progressive_epochs``)."""
-    progressive_epochs: int | None = None
+    progressive_epochs: int | None = bounded(None, low=1)
     """Progressively balanced: epochs over which sampling moves from instance to class-balanced
     (default: all epochs of the stage)."""
-    per_class_draw: int = 4
+    per_class_draw: int = bounded(4, low=1)
     """``class_aware``: images taken from a class each time the class comes up (classifier-balancing's
     ``num_samples_cls``)."""
 
@@ -143,15 +146,15 @@ class OptimConfig:
     """Optimizer (weight decay applies to every parameter, as in LDAM-DRW)."""
 
     name: Literal["sgd", "adamw"] = "sgd"
-    lr: float = 0.1
+    lr: float = bounded(0.1, low=0, low_open=True)
     """Learning rate for ``batch_size`` (the global batch)."""
     momentum: float = 0.9
     """SGD momentum (AdamW ignores it)."""
-    weight_decay: float = 2e-4
+    weight_decay: float = bounded(2e-4, low=0)
     nesterov: bool = False
     scale_lr: bool = False
     """Linear scaling: lr * batch_size / ``base_batch_size``."""
-    base_batch_size: int = 128
+    base_batch_size: int = bounded(128, low=1)
     """The batch size ``lr`` was tuned for (used by ``scale_lr``)."""
 
 
@@ -161,7 +164,7 @@ class ScheduleConfig:
 
     name: Literal["multistep", "cosine", "constant"] = "multistep"
     """``multistep``: ×gamma at each milestone; ``cosine``: per-step cosine to 0 after warm-up."""
-    warmup_epochs: int = 0
+    warmup_epochs: int = bounded(0, low=0)
     """Linear warm-up per epoch: lr * (epoch + 1) / warmup_epochs for the first epochs (LDAM-DRW: 5)."""
     milestones: tuple[int, ...] = ()
     """``multistep``: epoch indices where lr is multiplied by ``gamma`` (cumulatively)."""
@@ -177,9 +180,9 @@ class ScheduleConfig:
 class TwoStageConfig:
     """Decoupled classifier re-training (cRT) and τ-normalisation after the main training."""
 
-    crt_epochs: int = 0
+    crt_epochs: int = bounded(0, low=0)
     """Epochs of classifier re-training with frozen features and class-balanced sampling (0: off)."""
-    crt_lr: float = 0.2
+    crt_lr: float = bounded(0.2, low=0, low_open=True)
     """Peak lr of cRT (cosine schedule, no warm-up; scaled like ``optim.lr`` when ``scale_lr``)."""
     crt_sampler: SamplerName = "class_aware"
     """Sampler of the cRT epochs (default: classifier-balancing's class-aware sampler, with
@@ -205,11 +208,11 @@ class TrainConfig:
     GPUs of one node (kept for old recipes; slower than DDP); ``none`` (one process, one device)."""
     seed: int = 0
     """Seed of model initialisation, sampling and augmentation (data subsampling uses ``data.seed``)."""
-    epochs: int = 30
+    epochs: int = bounded(30, low=1)
     """Epochs of the main training (cRT epochs come on top)."""
-    batch_size: int = 128
+    batch_size: int = bounded(128, low=1)
     """Global batch (all ranks together); must split evenly across ranks."""
-    eval_batch_size: int = 256
+    eval_batch_size: int = bounded(256, low=1)
     """Evaluation batch per rank."""
     sync_bn: Literal["auto", True, False] = "auto"
     """Synchronised BatchNorm across ranks (statistics of the whole global batch). ``auto``: on when
@@ -241,28 +244,28 @@ class TrainConfig:
     """Let cuDNN pick the fastest convolution algorithms (ignored when ``deterministic``)."""
     deterministic: bool = False
     """Deterministic kernels (slower); resume tests use it on CPU."""
-    num_threads: int | None = None
+    num_threads: int | None = bounded(None, low=1)
     """CPU threads per rank (intra-op). Unset: ``$OMP_NUM_THREADS``, else the usable cores divided by
     the ranks on this node."""
-    eval_every_epochs: int = 1
+    eval_every_epochs: int = bounded(1, low=1)
     """Evaluate on the test split every this many epochs (and always after the last one)."""
-    checkpoint_every_epochs: int = 1
+    checkpoint_every_epochs: int = bounded(1, low=1)
     """Checkpoint every this many epochs (and always at the end and on preemption)."""
-    checkpoint_every_s: float | None = None
+    checkpoint_every_s: float | None = bounded(None, low=0, low_open=True)
     """Periodic checkpoints by time instead: at the first step boundary where the ranks agree (every
     ``preempt_check_every_steps``) at least this many seconds after the previous checkpoint (rank 0's
     clock), mid-epoch included; ``checkpoint_every_epochs`` is then ignored. Always one at the end of
     each stage and on preemption. Checkpoints are copied to host memory and written in the background."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = bounded(2, low=1)
     """Checkpoints kept in the run directory (older ones are deleted after a successful save)."""
-    log_every_steps: int = 50
+    log_every_steps: int = bounded(50, low=1)
     """Progress line (epoch, step, loss, lr, images/s, ETA) every this many steps, from rank 0."""
-    preempt_check_every_steps: int = 10
+    preempt_check_every_steps: int = bounded(10, low=1)
     """How often ranks agree on whether a preemption signal arrived (and a time-based checkpoint or a
     non-finite loss); also at every epoch end. With several ranks the agreement is a non-blocking
     all-reduce on the CPU whose answer is read at the next check, so a signal is acted on within two
     intervals. Small against the signal's lead time (``slurm.signal_delay_s``)."""
-    process_group_timeout_s: int = 600
+    process_group_timeout_s: int = bounded(600, low=1)
     """A dead or stuck rank ends the job after this long instead of blocking to the time limit."""
     tensorboard: bool = False
     """Also write the scalars of metrics.jsonl as TensorBoard event files (``<run dir>/tensorboard/``)."""

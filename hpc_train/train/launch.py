@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
+import torch.distributed as dist
+
 from ..config import JobSpec, dump_yaml
 from ..config.batchnorm import decide as batchnorm_decision
 from ..errors import ConfigError
@@ -28,7 +31,6 @@ from ..rank.lifecycle import RunOutcome
 from ..runs import rundir
 
 log = logging.getLogger("hpc_train.train")
-
 
 
 class _RankFormatter(logging.Formatter):
@@ -58,8 +60,6 @@ def wants_cuda(spec: JobSpec) -> bool:
 
 def select_device(spec: JobSpec, env: DistEnv):
     """``auto``: CUDA when the job asked for GPUs, else CPU; never a silent CPU fallback."""
-    import torch
-
     if not wants_cuda(spec):
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -77,8 +77,6 @@ def select_device(spec: JobSpec, env: DistEnv):
 
 def configure_backends(spec: JobSpec, env: DistEnv, device) -> None:
     """Threads, determinism, cuDNN and matmul precision: switches from the config, set per run."""
-    import torch
-
     t = spec.train
     threads = t.num_threads
     if threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
@@ -103,8 +101,6 @@ def configure_backends(spec: JobSpec, env: DistEnv, device) -> None:
 def set_tf32(on: bool) -> None:
     """TF32 for float32 matmuls and convolutions, or IEEE float32. One precision API only: torch 2.14
     refuses a mix of the ``fp32_precision`` settings and the older ``allow_tf32`` flags."""
-    import torch
-
     precision = "tf32" if on else "ieee"
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         torch.backends.cuda.matmul.fp32_precision = precision
@@ -127,8 +123,6 @@ def choose_run_dir(spec: JobSpec, explicit: str | None) -> Path:
 
 
 def _broadcast_from_rank0(value: Any) -> Any:
-    import torch.distributed as dist
-
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
@@ -196,8 +190,6 @@ def _check_launcher(spec: JobSpec) -> DistEnv:
 
 def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
     """Build data, model and loss and print the plan; nothing is trained or written."""
-    import torch
-
     from .data import datasets
     from .data.samplers import stage_sampler
     from .model.losses import build_loss
@@ -222,8 +214,6 @@ def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
 def prepare_run_dir(spec: JobSpec, env: DistEnv, device, run_dir: str | None, job_file: Path | None,
                     distributed: bool) -> Path:
     """The run directory every rank agrees on (rank 0's choice), with what this rank saw and the job."""
-    import torch
-
     chosen = choose_run_dir(spec, run_dir)
     path = Path(_broadcast_from_rank0(str(chosen)) if distributed else chosen)
     (path / rundir.RANKS_DIR).mkdir(parents=True, exist_ok=True)
@@ -293,8 +283,6 @@ def process_group(spec: JobSpec, env: DistEnv, device) -> Iterator[bool]:
         clean = True
         raise
     finally:
-        import torch.distributed as dist
-
         if distributed and clean and dist.is_initialized():
             try:
                 barrier(device)
