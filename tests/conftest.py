@@ -2,11 +2,24 @@
 index of the test's own (never the user's ~/.local/state), and an environment free of the machine's site
 file and of launcher variables, for suites that run the trainer."""
 
+import importlib.util
+import os
 import shutil
 
 import pytest
 
 pytest_plugins = ["tests.cluster.fixtures"]
+
+# What the trainer suites import; without them they skip at import (pytest.importorskip), which in CI would
+# pass a run that tested nothing of the trainer.
+TRAIN_EXTRA = ("torch", "torchvision", "numpy", "sklearn")
+
+
+def pytest_configure(config):
+    missing = [name for name in TRAIN_EXTRA if importlib.util.find_spec(name) is None]
+    if os.environ.get("CI") == "true" and missing:
+        raise pytest.UsageError(f"CI=true but {', '.join(missing)} cannot be imported: the trainer suites would "
+                                "skip; install the dev extra (make venv)")
 
 LAUNCHER_VARIABLES = ("HPC_TRAIN_RUN_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                       "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID", "SUBMITIT_LOCAL_GLOBALID")

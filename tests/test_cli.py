@@ -2,23 +2,37 @@
 
 import json
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from hpc_train.cli import cli
 from tests.cli_helpers import assert_refused, cli as run
 
-COMMANDS = [[], ["render"], ["submit"], ["simulate"], ["train"], ["status"], ["logs"], ["cancel"], ["provision"],
-            ["templates"], ["templates", "list"], ["templates", "show"], ["templates", "export"], ["jobs"],
-            ["jobs", "list"], ["jobs", "show"], ["jobs", "export"]]
+def _command_tree(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], bool]]:
+    """Every command under ``group`` as (its words, whether it is a sub-command of a group other than the top)."""
+    found = [(path, False)] if not path else []
+    for name, command in sorted(group.commands.items()):
+        found.append(((*path, name), bool(path)))
+        if isinstance(command, click.Group):
+            found += [(words, True) for words, _ in _command_tree(command, (*path, name))]
+    return found
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "top")
-def test_help_has_an_example(command):
+COMMANDS = _command_tree(cli)
+
+
+def test_the_walk_finds_every_command():
+    words = {" ".join(c) for c, _ in COMMANDS}
+    assert {"", "render", "submit", "status", "env", "report", "templates show", "jobs export"} <= words
+
+
+@pytest.mark.parametrize("command, in_group", COMMANDS, ids=lambda c: " ".join(c) if isinstance(c, tuple) else "")
+def test_help_has_an_example(command, in_group):
     result = CliRunner().invoke(cli, [*command, "--help"], catch_exceptions=False)
     assert result.exit_code == 0
     assert "Usage: " in result.output
-    if command and command[0] in ("templates", "jobs") and len(command) == 2:
+    if in_group:
         return  # leaf commands of a group: the group's help carries the examples
     assert "hpc-train " in result.output.split("Options:")[0], "help text should show an example command line"
 

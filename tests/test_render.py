@@ -14,9 +14,9 @@ from hpc_train.config import SiteConfig, resolve_job
 from hpc_train.errors import TemplateError
 from hpc_train.render import LaunchSpec, render_sbatch
 from hpc_train.slurm.submitit_hook import submitit_launch
+from tests.golden_files import check_golden
 
 GOLDEN = Path(__file__).parent / "golden"
-REGEN = os.environ.get("HPC_TRAIN_REGEN_GOLDEN") == "1"
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
 NO_SITE = SiteConfig(path=None, defaults={}, template_dirs=())
 
@@ -72,18 +72,8 @@ def render_variant(variant):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_golden(variant):
-    text = render_variant(variant)
-    path = GOLDEN / f"default.sbatch.j2--{variant}.sh"
-    if REGEN or not path.exists():
-        path.write_text(text)
-        if not REGEN:
-            pytest.fail(f"golden file {path} was missing and has been written; check it and commit it")
-    expected = path.read_text()
-    assert text == expected, (
-        f"rendered script differs from {path}. If the change is intended, regenerate the golden files with\n"
-        f"  HPC_TRAIN_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/test_render.py -k golden\n"
-        "and review `git diff tests/golden`."
-    )
+    check_golden(GOLDEN / f"default.sbatch.j2--{variant}.sh", render_variant(variant),
+                 how_to_update=".venv/bin/python -m pytest tests/test_render.py -k golden")
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -1,6 +1,6 @@
 """The ``hpc-train`` command line: parsing and printing only.
 
-Work happens in typed functions (config, render, submit, local, run_status, dist, provision); their one
+Work happens in typed functions (config, render, slurm, local, runs, rank, provision); their one
 error family, :class:`~hpc_train.errors.HpcTrainError`, becomes a click error here, in one place
 (``_Group.invoke``): a one- or two-line message, exit 2 for usage/config errors and 1 for failed jobs, no
 traceback. torch and submitit are imported inside the commands that need them, never at import time.

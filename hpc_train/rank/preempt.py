@@ -78,10 +78,6 @@ def install(requeue_signal: str = "USR2", also: Iterable[str] = ("TERM",)) -> No
         _installed.add(canonical)
 
 
-def installed_signals() -> list[str]:
-    return sorted(_installed)
-
-
 def requested() -> bool:
     """A preemption signal arrived in this process (the trainer all-reduces this across ranks)."""
     return bool(_received)

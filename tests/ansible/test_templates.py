@@ -3,13 +3,14 @@
 The environment mimics the template module's: trim_blocks, StrictUndefined (a missing variable fails), the
 role's templates directory as the loader path, and the two Ansible filters the templates use. The same templates
 are also rendered by real Ansible in the check-mode and converge phases of the ladder.
-Regenerate the golden files after an intended change: HPC_TRAIN_UPDATE_GOLDEN=1 (then review the diff).
+Regenerate the golden files after an intended change: HPC_TRAIN_UPDATE_GOLDEN=1 (tests/golden_files.py).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -18,6 +19,9 @@ import pytest
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))  # the repository: the golden-file check both suites share
+
+from tests.golden_files import check_golden as shared_check  # noqa: E402
 ROLES = HERE.parent.parent / "ansible" / "roles"
 EXAMPLE = HERE.parent.parent / "ansible" / "inventories" / "example"
 GOLDEN = HERE / "golden"
@@ -38,16 +42,7 @@ def render(role: str, template: str, **variables: object) -> str:
 
 
 def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("HPC_TRAIN_UPDATE_GOLDEN") == "1" or not path.exists():
-        path.write_text(text)
-        if os.environ.get("HPC_TRAIN_UPDATE_GOLDEN") != "1":
-            pytest.fail(f"golden file {path} did not exist; it was written now: review it and rerun")
-    expected = path.read_text()
-    assert text == expected, (
-        f"{name} differs from {path}.\n--- expected\n{expected}\n--- rendered\n{text}\n"
-        "If the change is intended: HPC_TRAIN_UPDATE_GOLDEN=1 bash tests/ansible/run.sh, then review git diff."
-    )
+    shared_check(GOLDEN / name, text, how_to_update="bash tests/ansible/run.sh")
 
 
 def example_gres() -> list[dict]:

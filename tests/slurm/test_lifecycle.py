@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.config import SiteConfig, resolve_job
+from hpc_train.config import SiteConfig, resolve_job, spec_from_yaml_text
 from hpc_train.render import LaunchSpec, render_sbatch
 from hpc_train.resources import jobs_dir, templates_dir
 from hpc_train.runs import rundir
@@ -66,6 +66,14 @@ def wait_for(predicate, timeout_s: float, what: str):
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def steps_per_epoch(run_dir: Path) -> int:
+    """Optimizer steps of one epoch of the run, from what it trains on (rank 0's class counts) and its global
+    batch: the instance sampler's ceil(N / B) at any world size (the last batch is split, not dropped)."""
+    counts = json.loads((run_dir / "class_counts.json").read_text())["train_counts"]
+    batch = spec_from_yaml_text((run_dir / rundir.JOB_YAML).read_text(), "job.yaml").train.batch_size
+    return -(-sum(counts) // batch)
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -119,7 +127,7 @@ def test_submit_ranks_logs_status(slurm_cluster, work):
     status = json.loads(hpc(slurm_cluster, "status", f"digits-lt-demo/{job_id}", "--json", cwd=work).stdout)
     assert status["state"] == "completed" and status["progress"]["epoch"] == 2
     assert status["slurm_state"] == "COMPLETED" and status["exit_code"] == 0
-    test_submit_ranks_logs_status.steps_per_epoch = evals[-1]["global_step"] // 2  # used by the resume tests
+    assert evals[-1]["global_step"] == 2 * steps_per_epoch(run_dir)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,9 +193,6 @@ def test_every_template_variant_passes_sbatch_test_only(slurm_cluster, work, lau
 def test_torchrun_launcher_two_nodes_with_preemption(slurm_cluster, work):
     """torchrun, one per node; the time-limit signal goes to the batch shell only (B:), which forwards it
     to the workers; they checkpoint, rank 0 requeues, the job resumes and ends with the exact step count."""
-    steps_per_epoch = getattr(test_submit_ranks_logs_status, "steps_per_epoch", None)
-    if steps_per_epoch is None:
-        pytest.skip("needs test_submit_ranks_logs_status in the same session (it measures steps per epoch)")
     epochs = 10
     out = submit_json(slurm_cluster, "--nodes", "2", "--gpus", "2", "--launcher", "torchrun", *DEMO,
                       "--set", f"train.epochs={epochs}", "--name", "torchrun-demo", cwd=work)
@@ -202,7 +207,7 @@ def test_torchrun_launcher_two_nodes_with_preemption(slurm_cluster, work):
     assert {r["source"] for r in seen} == {"torchrun"}
     assert {(r["node_rank"], r["hostname"]) for r in seen} == {(0, "gpu01"), (1, "gpu02")}
     final = _status_json(run_dir)
-    assert final["state"] == "completed" and final["global_step"] == epochs * steps_per_epoch
+    assert final["state"] == "completed" and final["global_step"] == epochs * steps_per_epoch(run_dir)
     job = (run_dir / "job.sbatch").read_text()
     assert "#SBATCH --ntasks-per-node=1" in job and "#SBATCH --signal=B:USR2@" in job
     assert "got USR2, forwarding it to the workers" in (run_dir / "logs" / "batch.log").read_text()
@@ -242,9 +247,6 @@ def _status_json(run_dir: Path) -> dict:
 
 
 def test_usr2_and_scontrol_requeue_resume_to_the_same_step_count(slurm_cluster, work):
-    steps_per_epoch = getattr(test_submit_ranks_logs_status, "steps_per_epoch", None)
-    if steps_per_epoch is None:
-        pytest.skip("needs test_submit_ranks_logs_status in the same session (it measures steps per epoch)")
     epochs = 14
     out = submit_json(slurm_cluster, "--nodes", "2", "--gpus", "2", *DEMO, "--set", f"train.epochs={epochs}",
                       "--name", "preempted", cwd=work)
@@ -261,7 +263,7 @@ def test_usr2_and_scontrol_requeue_resume_to_the_same_step_count(slurm_cluster, 
     assert _restart_count(job_id, env) == 2
     final = _status_json(run_dir)
     assert final["state"] == "completed" and final["epoch"] == epochs
-    assert final["global_step"] == epochs * steps_per_epoch
+    assert final["global_step"] == epochs * steps_per_epoch(run_dir)
     log = (run_dir / "logs" / "batch.log").read_text()
     assert "restart 1" in log and "restart 2" in log
 
@@ -273,9 +275,6 @@ def _restart_count(job_id: str, env) -> int:
 
 
 def test_time_limit_cap_then_resume(slurm_cluster, work):
-    steps_per_epoch = getattr(test_submit_ranks_logs_status, "steps_per_epoch", None)
-    if steps_per_epoch is None:
-        pytest.skip("needs test_submit_ranks_logs_status in the same session (it measures steps per epoch)")
     epochs = 400  # far more than fits before the time-limit signal
     # slurmctld sends --signal at its 30 s periodic check once the signal is due within 30 s, so with a
     # 60 s limit the signal comes at t = 60 - delay - [0, 30) s. A delay of 20 s puts it 10 s or more after
@@ -305,7 +304,7 @@ def test_time_limit_cap_then_resume(slurm_cluster, work):
     assert wait_state(slurm_cluster, second, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED"
     final = _status_json(run_dir)
     assert final["state"] == "completed" and final["epoch"] == until
-    assert final["global_step"] == until * steps_per_epoch  # the second job trained no further
+    assert final["global_step"] == until * steps_per_epoch(run_dir)  # the second job trained no further
     record = json.loads((run_dir / "run.json").read_text())
     assert [c["job_id"] for c in record["continued_by"]] == resumed["tasks"]
     dependency = (run_dir / f"job-{second}.sbatch").read_text()
