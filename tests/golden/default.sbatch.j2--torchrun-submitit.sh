@@ -63,7 +63,7 @@ fi
 RUN_DIR=/shared/project/runs/cifar100-lt/"$RUN_ID"
 mkdir -p "$RUN_DIR/logs"
 export HPC_TRAIN_RUN_DIR="$RUN_DIR"
-# The run's state, one line per change (hpc_train/rundir.py reads them for `hpc-train status`): this
+# The run's state, one line per change (hpc_train/runs/rundir.py reads them for `hpc-train status`): this
 # launch started here, and the exit block below records how it ended.
 run_event() {  # run_event EVENT [EXIT_CODE]
     printf '{"event": "%s", "writer": "launcher", "instance": "slurm:%s.%s", "restart": %s, "job_id": "%s", "exit_code": %s, "time": "%s"}\n' \
@@ -265,7 +265,7 @@ set -e
 echo "hpc-train: srun exited with status $status"
 # srun reports how the ranks ended, not why: a run that checkpointed on the signal but may not requeue
 # (max_requeues reached) exits 75, the trainer's "continue me" code, whatever the killed ranks returned.
-# The exit code becomes the run's state (hpc_train/rundir.py: 0 completed, 75 preempted, else failed).
+# The exit code becomes the run's state (hpc_train/runs/rundir.py: 0 completed, 75 preempted, else failed).
 if [ "$status" -ne 0 ] && tail -n 1 "$RUN_DIR/state.jsonl" 2>/dev/null | grep -q '"event": "preempted"'; then
     echo "hpc-train: checkpointed but not requeued; continue with: hpc-train submit --resume $RUN_DIR"
     status=75
