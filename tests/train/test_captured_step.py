@@ -85,13 +85,35 @@ def _main_loop(spec) -> dict:
     return model.state_dict()
 
 
+class _CaptureView:
+    """What ``torch.accelerator`` tells code during a capture on a CUDA stream: the accelerator is CUDA and its
+    stream is capturing. torch's optimizers read exactly this for their capture health check
+    (torch/optim/optimizer.py, ``_accelerator_graph_capture_health_check``), so a step taken under this view
+    passes or fails torch's own check, as under ``torch.cuda.graph``."""
+
+    def is_capturing(self) -> bool:
+        return True
+
+
+def capturing():
+    from unittest import mock
+
+    return mock.patch.multiple(torch.accelerator,
+                               current_accelerator=lambda check_available=False: torch.device("cuda"),
+                               current_stream=lambda device=None: _CaptureView())
+
+
 class FakeGraph:
-    """A 'captured' step: nothing ran at capture; every replay runs the recorded step."""
+    """A 'captured' step. The capture ran it once, under :func:`capturing` (torch's health checks see a capture),
+    standing in for the replay that follows every capture; every later replay runs it again."""
 
     def __init__(self, body) -> None:
-        self.body = body
+        self.body, self.ran_at_capture = body, True
 
     def replay(self) -> None:
+        if self.ran_at_capture:  # the replay right after the capture: the capture already ran the step
+            self.ran_at_capture = False
+            return
         self.body()
 
 
@@ -117,9 +139,13 @@ class FakeGraphs:
         return contextlib.nullcontext()
 
     def capture(self, body, stream):
+        """Fails before running anything (``fail``), or runs the step under :func:`capturing`. Unlike a real
+        capture, a step that raises part-way has run part-way: only failures before the step are faithful."""
         self.captures.append(body)
         if self.fail:
             raise RuntimeError("operation not permitted when stream is capturing")
+        with capturing():
+            body()
         return FakeGraph(body)
 
 
@@ -191,6 +217,46 @@ def test_a_failed_capture_falls_back_to_eager_steps_with_one_line(tmp_path, main
     assert len(lines) == 1 and "training continues with eager steps" in lines[0], lines
     assert trainer.runner.failed and not trainer.runner.graphs
     assert not _different(_final_weights(tmp_path / "run"), main_weights)
+
+
+def test_the_capture_check_accepts_both_optimizers():
+    """Both optimizers as the trainer builds them for captured steps pass torch's own capture health check
+    (under :func:`capturing`); a fused AdamW without ``capturable`` fails it, so the check is really asked."""
+    from hpc_train.train.loop.step import build_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    lr = torch.tensor(0.01)
+    for name in ("sgd", "adamw"):
+        optimizer = build_optimizer(make_spec(deep_update(RECIPE, optim={"name": name})).train,
+                                    list(model.parameters()), lr, captured=True)
+        model(torch.ones(4, 3)).sum().backward()
+        before = model.weight.detach().clone()
+        with capturing():
+            optimizer.step()
+        assert not torch.equal(before, model.weight), name  # the step ran
+    model(torch.ones(4, 3)).sum().backward()
+    with pytest.raises(RuntimeError, match="capturable is False"), capturing():
+        torch.optim.AdamW(model.parameters(), lr=lr, fused=True).step()
+
+
+def test_adamw_steps_are_captured_and_compute_adamw(tmp_path, monkeypatch, caplog):
+    """An AdamW recipe goes through warm-up, capture (torch's health check included) and replay of both batch
+    shapes without falling back or reading the host, and ends with the weights of the eager run (its plain
+    AdamW; the fused kernel rounds differently, hence a tolerance)."""
+    recipe = deep_update(RECIPE, optim={"name": "adamw", "lr": 0.002, "weight_decay": 5e-4})
+    _trainer(make_spec(recipe), tmp_path / "eager", guard=False).fit()  # plain AdamW reads its step count on the host
+    monkeypatch.setattr(graphs, "BACKEND", FakeGraphs())
+    monkeypatch.setattr(graphs, "decide", lambda *a, **k: (True, "cuda_graphs: test"))
+    trainer = _trainer(make_spec(recipe), tmp_path / "graphs")
+    with caplog.at_level("WARNING", logger="hpc_train.train"):
+        trainer.fit()
+    assert trainer.runner.failed is None and sorted(trainer.runner.graphs) == ["full", "last"], trainer.runner.failed
+    assert not [r for r in caplog.records if "cuda_graphs" in r.getMessage()]
+    assert trainer.runner.replays == {"full": 5 * 13 - 3, "last": 5 - 3}
+    captured, plain = _final_weights(tmp_path / "graphs"), _final_weights(tmp_path / "eager")
+    assert _different(captured, plain)  # two kernels ...
+    for key, value in plain.items():  # ... one AdamW
+        assert torch.allclose(captured[key].double(), value.double(), rtol=1e-3, atol=1e-4), key
 
 
 def test_mid_epoch_resume_on_the_formulation_equals_the_uninterrupted_run(tmp_path, main_weights, monkeypatch,

@@ -12,8 +12,9 @@ per-step work is to launch it (or to replay its graph).
 
 SGD is ``torch.optim.SGD(fused=True)`` with a tensor lr: one kernel, no host value, and on the CPU bit
 for bit the for-loop SGD with a float lr (tested). AdamW's fused kernel rounds differently from the
-plain one, so AdamW is fused (tensor lr, step counts on the device) only where steps are captured and
-keeps the plain float-lr AdamW elsewhere.
+plain one, so AdamW is fused and ``capturable`` (tensor lr, step counts on the device; without the flag
+torch's capture health check refuses the step and the run would fall back to eager) only where steps are
+captured, and keeps the plain float-lr AdamW elsewhere.
 
 At world size > 1 the eager path keeps DDP (its bucketed all-reduce overlaps the backward pass). A
 captured step cannot replay DDP's hooks, so :class:`GradAllReduce` writes out what DDP does —
@@ -92,8 +93,8 @@ def build_optimizer(cfg: TrainConfig, params: list[nn.Parameter], lr: Tensor, *,
     if o.name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay,
                                nesterov=o.nesterov, fused=True)
-    if captured:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=o.weight_decay, fused=True)
+    if captured:  # capturable: torch refuses to capture the step of an optimizer built without it
+        return torch.optim.AdamW(params, lr=lr, weight_decay=o.weight_decay, fused=True, capturable=True)
     return torch.optim.AdamW(params, lr=float(lr), weight_decay=o.weight_decay)
 
 
