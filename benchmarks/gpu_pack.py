@@ -1,5 +1,6 @@
 """GPU packing benchmark (``--pack K``): aggregate training img/s of K sweep points packed on one GPU
-against one run alone — a prepared stage for a machine with an NVIDIA GPU (about 3 minutes on one H200).
+against one run alone — a prepared stage for a machine with an NVIDIA GPU (at most 3 × 60 s; about a
+minute expected on one H200).
 
     PYTHONPATH=. python3 benchmarks/gpu_pack.py --out gpu_pack.json            # on the GPU machine
     PYTHONPATH=. python3 benchmarks/gpu_pack.py --device cpu --tiny            # smoke test anywhere (~20 s)
@@ -11,11 +12,15 @@ under its own timeout, their JSON printed as each ends (a slow one costs only it
 
 * ``alone``: one run (with the captured step, ``train.cuda_graphs: on``, where this trainer has it);
 * ``packed``: K runs at once, plain: separate processes only time-slice a GPU;
-* ``packed_mps``: the same under an MPS daemon started for the stage (``nvidia-cuda-mps-control``), which
-  lets the K processes' kernels overlap on the GPU.
+* ``packed_mps``: the same under an MPS daemon started for this variant (``nvidia-cuda-mps-control -d``,
+  its own pipe directory), which lets the K processes' kernels overlap on the GPU. Where the daemon cannot be
+  started (not installed, refused, no answer within 20 s) the report says why (``mps``, ``skipped``) and
+  the stage goes on without it.
 
 Reported per variant: each run's steady-state training img/s (the median of its progress lines after the
-first epoch), their sum (aggregate), and aggregate ÷ alone. Goal: packed (K = 4) >= 2x alone.
+first epoch), their sum (aggregate), and aggregate ÷ alone. Goal: packed (K = 4) >= 2x alone. Each variant
+runs under ``--timeout-s`` (its runs are ended at it, the preemption signal 5 s before), and the report is
+written to ``--out`` after each one.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -62,13 +68,16 @@ def run_variant(name: str, k: int, sets: list[str], work: Path, timeout_s: float
 
     spec = resolve("digits_lt_demo", sets=sets).spec
     launches = []
+    shutil.rmtree(work / name, ignore_errors=True)  # a rerun in the same --work starts afresh
     for i in range(k):
         run_dir = work / name / f"point-{i}"
         run_dir.mkdir(parents=True)
         point = replace(spec, train=replace(spec.train, seed=i))
         (run_dir / "job.yaml").write_text(dump_yaml(point))
+        # The time limit is the variant's timeout; the preemption signal 5 s before it (slurm.signal_delay_s,
+        # 120 s by default, would signal a run at once under a limit of 120 s or less).
         launches.append(replace(launcher.launch_for(point, run_dir), env={**env, **dict(point.slurm.env)},
-                                time_limit_s=int(timeout_s)))
+                                time_limit_s=int(timeout_s), signal_delay_s=min(5, int(timeout_s) // 2)))
     started = time.monotonic()
     codes = launcher.run_launches(launches, sys.executable, os.getcwd(), pack=k)
     wall = time.monotonic() - started
@@ -83,20 +92,58 @@ def run_variant(name: str, k: int, sets: list[str], work: Path, timeout_s: float
             "aggregate_img_s": round(sum(per_run), 1) if done else None}
 
 
+MPS_TIMEOUT_S = 20
+"""How long the MPS control daemon may take to start or stop before the stage gives up on it."""
+
+
 def mps_env(work: Path) -> tuple[dict[str, str] | None, str]:
+    """Start an MPS control daemon for the stage: (its clients' environment, "started"), or (None, why not).
+    Never waits more than :data:`MPS_TIMEOUT_S`."""
     control = shutil.which("nvidia-cuda-mps-control")
     if control is None:
-        return None, "nvidia-cuda-mps-control not on PATH"
+        return None, "not started: nvidia-cuda-mps-control not on PATH"
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(work / "mps-pipe"), "CUDA_MPS_LOG_DIRECTORY": str(work / "mps-log")}
     for path in env.values():
         Path(path).mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([control, "-d"], env={**os.environ, **env}, capture_output=True, text=True)
-    return (env, "started") if result.returncode == 0 else (None, f"mps daemon: {result.stderr.strip()}")
+    log = work / "mps-control.log"
+    try:  # output to a file, not a pipe: a daemon that kept an inherited pipe open would make us wait on it
+        with open(log, "w") as out:
+            code = subprocess.run([control, "-d"], env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=MPS_TIMEOUT_S).returncode
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"not started: {control} -d: {type(exc).__name__}: {exc}"
+    if code != 0:
+        return None, f"not started: {control} -d exited {code}: {log.read_text(errors='replace').strip()[:300]}"
+    return env, "started"
 
 
-def stop_mps(env: dict[str, str]) -> None:
-    subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env={**os.environ, **env}, text=True,
-                   capture_output=True)
+def stop_mps(env: dict[str, str]) -> str:
+    try:
+        code = subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env={**os.environ, **env}, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=MPS_TIMEOUT_S).returncode
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"quit failed: {type(exc).__name__}: {exc}"
+    return "stopped" if code == 0 else f"quit exited {code}"
+
+
+def run_all(args: argparse.Namespace, work: Path, results: dict, write: Callable[[], None]) -> None:
+    """alone, packed, then packed_mps under a daemon started just for it (skipped, saying why, when it cannot be
+    started); the report is written after each variant."""
+    sets = results["sets"]
+    for name, k in (("alone", 1), ("packed", args.k)):
+        results["variants"][name] = run_variant(name, k, sets, work, args.timeout_s, {})
+        print(json.dumps(results["variants"][name]), flush=True)
+        write()
+    env, results["mps"] = mps_env(work) if args.device == "cuda" else (None, "not started: not on a GPU")
+    if env is None:
+        results["skipped"] = {"packed_mps": f"MPS {results['mps']}"}
+        return
+    try:
+        results["variants"]["packed_mps"] = run_variant("packed_mps", args.k, sets, work, args.timeout_s, env)
+        print(json.dumps(results["variants"]["packed_mps"]), flush=True)
+    finally:
+        results["mps_stop"] = stop_mps(env)
+        write()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,34 +152,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=4, help="runs packed on the GPU (default 4)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="a small CPU smoke test of the stage")
-    parser.add_argument("--timeout-s", type=float, default=150, help="per variant")
+    parser.add_argument("--timeout-s", type=float, default=60, help="per variant (default 60)")
+    parser.add_argument("--work", type=Path, help="keep the runs (logs, run directories) here; default: a temporary "
+                                                  "directory, removed at the end")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    sets = job_sets(args.device, args.tiny, args.epochs)
-    results: dict = {"k": args.k, "device": args.device, "sets": sets, "variants": {}}
-    with tempfile.TemporaryDirectory(prefix="gpu-pack-") as tmp:
-        work = Path(tmp)
-        variants = [("alone", 1, {}), ("packed", args.k, {})]
-        env, note = mps_env(work) if args.device == "cuda" else (None, "not on a GPU")
-        results["mps"] = note
-        if env is not None:
-            variants.append(("packed_mps", args.k, env))
-        try:
-            for name, k, extra in variants:
-                result = run_variant(name, k, sets, work, args.timeout_s, extra)
-                results["variants"][name] = result
-                print(json.dumps(result), flush=True)
-        finally:
-            if env is not None:
-                stop_mps(env)
-    alone = results["variants"]["alone"]["aggregate_img_s"]
-    for name in ("packed", "packed_mps"):
-        got = results["variants"].get(name, {}).get("aggregate_img_s")
-        if alone and got:
-            results[f"{name}_vs_alone"] = round(got / alone, 2)
+    results: dict = {"k": args.k, "device": args.device, "sets": job_sets(args.device, args.tiny, args.epochs),
+                     "variants": {}}
+
+    def write() -> None:
+        alone = results["variants"].get("alone", {}).get("aggregate_img_s")
+        for name in ("packed", "packed_mps"):
+            got = results["variants"].get(name, {}).get("aggregate_img_s")
+            if alone and got:
+                results[f"{name}_vs_alone"] = round(got / alone, 2)
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+    if args.work:
+        args.work.mkdir(parents=True, exist_ok=True)
+        run_all(args, args.work, results, write)
+    else:
+        with tempfile.TemporaryDirectory(prefix="gpu-pack-") as tmp:
+            run_all(args, Path(tmp), results, write)
+    write()
     print(json.dumps({k: v for k, v in results.items() if k != "variants"}), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
     return 0 if all(v["aggregate_img_s"] for v in results["variants"].values()) else 1
 
 
