@@ -1,8 +1,10 @@
 """6. GPU benchmark — the LDAM-DRW recipe's epoch on one GPU: eager, captured, compiled in capture, and the
-reference loop, side by side in one process (part of ``benchmarks/gpu_session.sh``; ≤ 140 s by default).
+reference loop, side by side in one process (part of ``benchmarks/gpu_session.sh``; ≤ 140 s by default) —
+and, with ``--device cpu --count-ops``, the aten op count of the recipe's step (``benchmarks/op_count.py``).
 
     PYTHONPATH=. python3 benchmarks/gpu.py --out gpu.json                 # on the GPU machine
     PYTHONPATH=. python3 benchmarks/gpu.py --device cpu --tiny            # smoke test anywhere
+    PYTHONPATH=. python3 benchmarks/gpu.py --device cpu --count-ops --out ops.json   # ops_per_step, ~10 s
 
 Uses that machine's own python3 and torch: no install step, no network (our side needs numpy and PyYAML,
 the reference torchvision and Pillow; a missing one is reported and its side skipped). One plain rank, no
@@ -272,6 +274,20 @@ def _run_sides(bench: Bench, data, work: Path) -> None:
         bench.rounds([name] + (["captured"] if "captured" in bench.sides else []), label=f"{name}:")
 
 
+def count_ops(args: argparse.Namespace) -> int:
+    """``--count-ops``: the op count of the recipe's step (benchmarks/op_count.py), on the CPU."""
+    if args.device != "cpu":
+        print("gpu.py: --count-ops counts on the CPU: add --device cpu", file=sys.stderr)
+        return 2
+    from benchmarks import op_count
+
+    report = op_count.count_recipe_step(tiny=args.tiny)
+    print(op_count.table(report), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0 if report["deterministic"] else 1
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -282,12 +298,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="timed epochs per side, interleaved (default 3)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"ours to run (default {','.join(VARIANTS)})")
     parser.add_argument("--ref-workers", type=int, default=2, help="reference DataLoader workers (default 2)")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="instead: count the aten ops of one training step of the recipe (with --device cpu)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here (after every stage)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.count_ops:
+        return count_ops(args)
     import torch
 
     from benchmarks.common import cifar_shaped_lt
