@@ -153,20 +153,3 @@ def test_scaling_model_numbers():
     assert scaling.efficiency(3.0, 1.0, overlap=True) == pytest.approx(1.0)  # hidden behind the 2 s backward
     counts = scaling.parameter_counts()
     assert counts == {"resnet32": 464_154, "resnet50": 25_557_032}
-
-
-def test_gpu_session_script_is_clean_shell():
-    """benchmarks/gpu_session.sh (run by hand on a GPU machine; its --cpu-smoke mode is what BENCHMARKS.md
-    shows) parses and passes shellcheck: a typo must not cost a GPU session."""
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from benchmarks.common import REPO
-
-    script = REPO / "benchmarks" / "gpu_session.sh"
-    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout
