@@ -7,8 +7,9 @@
 #                submitit made unimportable, as on the GPU machine (nothing on this path may need it)
 #   --only       run these stages only (a rerun of what failed; recipe always regenerates its data)
 #
-# Uses the machine's own python3 (PYTHON=... to choose) and torch: no install, no network, the repository
-# on PYTHONPATH. Every stage runs under its own `timeout` (a slow stage costs only itself), shortened to fit
+# Uses the machine's own python3 (PYTHON=... to choose; --cpu-smoke takes the repository's .venv where
+# there is one) and torch: no install, no network, the repository on PYTHONPATH. Every stage runs under
+# its own `timeout` (a slow stage costs only itself), shortened to fit
 # the session's deadline (GPU_SESSION_S, 560 s: under the device tool's 600 s per command; a stage with
 # less than 20 s left is skipped), and appends to OUT_DIR/session.jsonl as it ends: one line
 # {"stage", "rc", "wall_s", "cap_s", "timed_out", "log"} and one "<stage>_result" line of its figures
@@ -53,6 +54,7 @@ out=$(cd "$dir" && pwd)
 work=${GPU_SESSION_WORK:-/tmp/hpc-train-gpu-session}
 session_s=${GPU_SESSION_S:-560}
 py=${PYTHON:-python3}
+if [[ $smoke == 1 && -z ${PYTHON:-} && -x $repo/.venv/bin/python ]]; then py=$repo/.venv/bin/python; fi  # make venv's
 mkdir -p "$work/logs" || exit 2
 echo '{}' > "$work/site.yaml"
 pythonpath=$repo

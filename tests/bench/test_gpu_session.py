@@ -43,19 +43,25 @@ esac
 """
 
 
-def _session(tmp_path: Path, *args: str, session_s: int = 560) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def _session(tmp_path: Path, *args: str, session_s: int = 560,
+             script: Path = SCRIPT) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run ``script`` with the stand-in as ``PYTHON`` (or, when ``script`` is a copy, as its repository's
+    ``.venv/bin/python``, with no ``PYTHON`` set)."""
     from hpc_train.train.observe.report import end_line
 
     tmp_path.mkdir(parents=True, exist_ok=True)
-    stand_in = tmp_path / "python3"
+    stand_in = tmp_path / "python3" if script == SCRIPT else script.parents[1] / ".venv" / "bin" / "python"
+    stand_in.parent.mkdir(parents=True, exist_ok=True)
     stand_in.write_text(STAND_IN)
     stand_in.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHON": str(stand_in), "REAL_PYTHON": sys.executable, "GPU_SESSION_S": str(session_s),
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env = {**env, **({"PYTHON": str(stand_in)} if script == SCRIPT else {}), "REAL_PYTHON": sys.executable,
+           "GPU_SESSION_S": str(session_s),
            "GPU_SESSION_WORK": str(tmp_path / "work"), "STAND_IN_LOG": str(tmp_path / "calls.log"),
            "END_LINE": end_line({"epochs": 200, "wall_s": 41.04, "train_images_per_s": 61234.5,
                                  "eval_images_per_s": 1234567.0, "setup_s": 3.21})}
-    proc = subprocess.run(["bash", str(SCRIPT), *args, str(out)], cwd=tmp_path, env=env, capture_output=True,
+    proc = subprocess.run(["bash", str(script), *args, str(out)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
     lines = [json.loads(x) for x in (out / "session.jsonl").read_text().splitlines()] if out.exists() else []
     return proc, lines
@@ -114,7 +120,12 @@ def test_only_and_the_deadline_choose_the_stages(tmp_path):
 
 
 def test_the_cpu_smoke_mode_runs_without_submitit(tmp_path):
-    proc, lines = _session(tmp_path, "--cpu-smoke", "--only", "bench")
+    """--cpu-smoke: submitit cannot be imported, and with no PYTHON given the repository's venv runs the stages."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    for name in ("gpu_session.sh", "gpu_session_results.py"):
+        shutil.copy(REPO / "benchmarks" / name, repo / "benchmarks" / name)
+    proc, lines = _session(tmp_path, "--cpu-smoke", "--only", "bench", script=repo / "benchmarks" / "gpu_session.sh")
     assert [x["stage"] for x in lines] == ["bench", "bench_result", "session"] and lines[-1]["smoke"] is True
     pythonpath, call = (tmp_path / "calls.log").read_text().splitlines()[0].split("|")
     assert call.endswith("--device cpu --tiny --rounds 1")
