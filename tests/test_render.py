@@ -235,13 +235,13 @@ def test_site_template_without_filters_renders_plain_words(tmp_path):
 @pytest.mark.parametrize("field,line", NAIVE_FIELDS, ids=[f for f, _ in NAIVE_FIELDS])
 def test_site_template_without_filters_refuses_a_hostile_value(tmp_path, field, line):
     # Quoting it in place would be wrong inside "..." or a heredoc: the render stops, naming file and line.
-    with pytest.raises(TemplateError, match=rf"naive\.sbatch\.j2:{line}: .* would reach the shell unquoted"):
+    with pytest.raises(TemplateError, match=rf"naive\.sbatch\.j2:{line}: the job value .* a shell would not take it as plain data"):
         _naive(tmp_path, field)
 
 
 @pytest.mark.parametrize("value", ["a b", "x;y", "$(id)", "`id`", "a'b", 'a"b', "a\\b", "*", "~root", "a&b", "é€"])
 def test_anything_but_a_plain_word_is_refused_unquoted(tmp_path, value):
-    with pytest.raises(TemplateError, match="would reach the shell unquoted"):
+    with pytest.raises(TemplateError, match="lands unquoted, where the shell splits, globs and expands it"):
         _naive(tmp_path, "slurm.env.FOO", value)
 
 
