@@ -301,14 +301,32 @@ def _render(template: jinja2.Template, context: dict[str, Any]) -> str:
     except shellsafe.Malformed as exc:
         raise TemplateError(f"{template.filename}: a filter changed a marked value ({exc}); the script cannot be "
                             "checked for shell safety: apply quoting filters to job values only") from None
-    finding = shellsafe.check(text, regions)
+    reading = shellsafe.read(text, regions)
+    finding = reading.finding
     if finding is None:
+        _check_launch(template, reading.programs)
         return text
     if finding.origin is None:
         raise TemplateError(f"{template.filename}: {finding.where}; job values cannot be checked, so it is not "
                             "rendered")
     raise TemplateError(f"{values.lines[finding.origin.index]}: the job value {finding.value[:60]!r} lands "
                         f"{finding.where}, so a shell would not take it as plain data; {SHELL_SAFE_HINT}")
+
+
+LAUNCHES_ITSELF = "{# hpc-train: launches-itself #}"
+"""The marker a template carries when it starts its ranks without srun (mpirun, its own launcher)."""
+
+
+def _check_launch(template: jinja2.Template, programs: frozenset[str]) -> None:
+    """A script that never runs srun would run its launch line once, in the batch shell, instead of one task
+    per rank: refused, unless the template says it launches its ranks itself."""
+    if "srun" in programs or template.filename is None:
+        return
+    if LAUNCHES_ITSELF in Path(template.filename).read_text(encoding="utf-8"):
+        return
+    raise TemplateError(f"{template.filename}: the script never runs srun, so the ranks would not start as tasks of "
+                        "the job; launch them with srun (as partials/launch_srun.j2 does), or, where the template "
+                        f"starts them its own way, say so with {LAUNCHES_ITSELF}")
 
 
 def _render_marked(template: jinja2.Template, context: dict[str, Any]) -> str:
@@ -327,9 +345,11 @@ def _render_marked(template: jinja2.Template, context: dict[str, Any]) -> str:
 
 
 def template_source(name: str, site_dirs: Sequence[Path] = ()) -> tuple[Path, str]:
-    for directory in search_path(site_dirs):
-        path = directory / name
-        if path.is_file():
+    """The source of a template or partial by its name on the search path (what ``templates list`` shows); no
+    other file (``../../etc/passwd``) is a template."""
+    for listed, path, _overridden in list_templates(site_dirs):
+        if listed == name:
             return path, path.read_text(encoding="utf-8")
     where = ", ".join(str(d) for d in search_path(site_dirs))
-    raise TemplateError(f"template {name!r} not found; search path: {where}")
+    raise TemplateError(f"no template {name!r} on the search path ({where}); `hpc-train templates list` shows "
+                        "the names")

@@ -107,7 +107,7 @@ def test_a_value_a_shell_would_expand_or_run_is_refused_with_file_and_line(tmp_p
 def test_without_the_check_bash_runs_the_value(tmp_path, monkeypatch, case):
     # What the case guards against is real: unchecked, the rendered script runs the job value.
     _, lines, sets, _, _ = case
-    monkeypatch.setattr(render.shellsafe, "check", lambda text, regions: None)
+    monkeypatch.setattr(render.shellsafe, "read", lambda text, regions: render.shellsafe.Reading(None, frozenset({"srun"})))
     assert _run(tmp_path, _render(tmp_path, lines, sets))
 
 

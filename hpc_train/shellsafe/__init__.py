@@ -1,7 +1,7 @@
 """Job values never execute: where each value of a rendered script lands, as bash reads it, and whether a
 shell would expand, parse or run it there (docs/design.md, decision 3).
 
-:func:`check` takes a script whose values are marked (:mod:`.marks`), reads it (:mod:`.lexer`, :mod:`.reader`)
+:func:`read` takes a script whose values are marked (:mod:`.marks`), reads it (:mod:`.lexer`, :mod:`.reader`)
 and judges every character of every value, and every command values end up in (:mod:`.rules`).
 """
 
@@ -14,8 +14,8 @@ from .marks import QUOTED, RAW, Malformed, Origin, Region, is_marked, mark, unma
 from .reader import Unreadable
 from .rules import Unsafe
 
-__all__ = ["QUOTED", "RAW", "Finding", "Malformed", "Origin", "Region", "Unreadable", "Unsafe", "check", "is_marked",
-           "mark", "unmark"]
+__all__ = ["QUOTED", "RAW", "Finding", "Malformed", "Origin", "Reading", "Region", "Unreadable", "Unsafe", "is_marked",
+           "mark", "read", "unmark"]
 
 
 @dataclass(frozen=True)
@@ -27,14 +27,22 @@ class Finding:
     where: str
 
 
-def check(text: str, regions: list[Region]) -> Finding | None:
-    """The first value of ``text`` (unmarked, with its values' ``regions``) that is not inert where it lands;
-    None when every one is."""
+@dataclass(frozen=True)
+class Reading:
+    finding: Finding | None
+    """The first value of the script that is not inert where it lands (None: every one is)."""
+    programs: frozenset[str] = frozenset()
+    """The programs the script's commands run (``srun``, ...)."""
+
+
+def read(text: str, regions: list[Region]) -> Reading:
+    """``text`` (unmarked, with its values' ``regions``) as bash reads it."""
+    lexer = Lexer(text, regions)
     try:
-        Lexer(text, regions).run()
+        lexer.run()
     except Unsafe as exc:
         region = next((r for r in regions if r.origin.index == exc.origin.index), None)
-        return Finding(exc.origin, text[region.start:region.end] if region else "", exc.where)
+        return Reading(Finding(exc.origin, text[region.start:region.end] if region else "", exc.where))
     except Unreadable as exc:
-        return Finding(None, "", f"the script cannot be read as shell ({exc})")
-    return None
+        return Reading(Finding(None, "", f"the script cannot be read as shell ({exc})"))
+    return Reading(None, frozenset(lexer.programs))

@@ -31,6 +31,8 @@ class Lexer(Reader):
         super().__init__(text, regions, depth)
         self.pending: list[Heredoc] = []
         self.line: list[Command] = []
+        self.programs: set[str] = set()
+        """Every program a command of the script runs (``srun``, ``python`` ...), code a command runs included."""
 
     # -- the script --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -122,6 +124,7 @@ class Lexer(Reader):
     def flush(self) -> None:
         line, self.line = self.line, []
         for command in line:
+            self.programs.update(rules.programs(command))
             rules.check_command(command, self.relex)
 
     def nested(self, closer: str, context: str = "code") -> None:
@@ -135,8 +138,6 @@ class Lexer(Reader):
 
     def relex(self, chars: Sequence[tuple[str, Origin | None]], what: str) -> None:
         """Text a command runs as code (``eval``, ``bash -c``, ``trap``, a heredoc a shell reads)."""
-        if not any(origin is not None for _, origin in chars):
-            return
         if self.depth >= MAX_NESTING:
             raise Unreadable("code that runs code is nested too deep")
         regions: list[Region] = []
@@ -148,10 +149,15 @@ class Lexer(Reader):
                 regions[-1] = Region(regions[-1].start, at + 1, origin)
             else:
                 regions.append(Region(at, at + 1, origin))
+        code = Lexer("".join(c for c, _ in chars), regions, self.depth + 1)
         try:
-            Lexer("".join(c for c, _ in chars), regions, self.depth + 1).run()
+            code.run()
         except Unsafe as exc:
             raise Unsafe(exc.origin, f"in code that {what} runs, {exc.where}") from None
+        except Unreadable:
+            if regions:  # text with job values in it must be readable; other code is its own business
+                raise
+        self.programs |= code.programs
 
     # -- comments, redirections, heredocs ------------------------------------------------------------
     def comment(self) -> None:

@@ -130,6 +130,23 @@ def check_command(command: "Command", relex: Relex) -> None:
     _check_arguments(words, command, relex)
 
 
+_WRAPPERS = frozenset("command builtin exec nohup env time sudo timeout nice stdbuf taskset numactl".split())
+
+
+def programs(command: "Command") -> list[str]:
+    """The programs a simple command runs: its command word, and the one a wrapper (exec, env, nohup ...) runs."""
+    words = [w for w in command.words if not (not w.tainted and w.literal in _LEADING | _ENDING)]
+    words = [w for w in words if w.assignment_name is None] if words and words[0].assignment_name else words
+    found = []
+    for word in words:
+        if word.literal.startswith("-") or word.assignment_name is not None:
+            continue
+        found.append(_program(word))
+        if found[-1] not in _WRAPPERS:
+            break
+    return found
+
+
 def _check_command_word(word: "Word") -> None:
     origin = _first_origin(word)
     if origin is None:

@@ -20,7 +20,7 @@ from ..config import JobSources, JobSpec, Resolved, dump_yaml
 from ..errors import HpcTrainError, JobFailedError, SubmitError
 from ..render import LaunchSpec, array_tasks, render_sbatch
 from ..runs import rundir
-from ..runs.index import load_run, register
+from ..runs.index import check_writable, load_run, register
 from ..runs.status import follow_logs, is_over, run_status
 from ..runs.submission import (Cluster, SubmitResult, choose_cluster, code_snapshot, continue_run_record,
                                resolve_python, run_record, submission_facts, write_run_files)
@@ -239,6 +239,7 @@ def submit(resolved: Resolved, *, cluster: Cluster = "auto", cwd: Path | None = 
     record the submit directory's code (git SHA, uncommitted diff) in each new run directory.
     """
     chosen, note = choose_cluster(cluster, resolved.spec)
+    check_writable()
     code = code_snapshot((cwd or Path.cwd()).resolve()) if snapshot else None
     if snapshot and code is None:
         note = "; ".join(n for n in (note, "--snapshot: the submit directory is not in a git repository") if n)
