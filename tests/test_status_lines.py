@@ -13,9 +13,7 @@ import pytest
 from hpc_train.errors import JobFailedError
 from hpc_train.runs import report, rundir
 from hpc_train.runs.index import load_run
-from hpc_train.runs.status import STATUS_FIELDS
 from hpc_train.runs.submission import SubmitResult
-from hpc_train.runs.sweeps import SWEEP_FIELDS
 from hpc_train.slurm.submit import wait_for
 from tests.cli_helpers import cli
 
@@ -59,6 +57,8 @@ def test_a_sweep_is_one_line_of_its_points_per_state_and_a_point_is_one(tmp_path
                     "did not complete: local-1_2 failed, local-1_3 cancelled")
     for ref in ("lt-sweep/local-1_*", "local-1", "lt-sweep/local-1"):
         assert cli("status", ref, cwd=tmp_path).stdout.strip() == line, ref
+    from hpc_train.runs.sweeps import SWEEP_FIELDS
+
     data = json.loads(cli("status", "lt-sweep", "--json", cwd=tmp_path).stdout)
     assert tuple(data) == SWEEP_FIELDS and data["points"] == 4 and [r["run"] for r in data["runs"]] == [
         f"lt-sweep/local-1_{k}" for k in range(4)]
@@ -95,6 +95,8 @@ def test_plain_status_without_slurm_lists_every_run(tmp_path, stub_slurm):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("demo/4242  job 4242  unknown  (reason no Slurm here (last recorded: running)")
     assert lines[1].startswith("demo/4243  job 4243  completed") and lines[2].startswith("demo/local-9  job local-9  completed")
+    from hpc_train.runs.status import STATUS_FIELDS
+
     one = json.loads(cli("status", "demo/4242", "--json", cwd=tmp_path, env=stub_slurm.env()).stdout)
     assert (one["state"], one["slurm_reason"]) == ("unknown", "no Slurm here")
     assert [k for k in STATUS_FIELDS if k in one] == list(one)  # the documented fields, in their order
@@ -119,6 +121,9 @@ def test_report_lists_configurations_in_sweep_order_and_seeds_sorted(tmp_path):
 
 
 def test_the_readme_lists_the_status_fields_the_code_gives():
+    from hpc_train.runs.status import STATUS_FIELDS
+    from hpc_train.runs.sweeps import SWEEP_FIELDS
+
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     one = re.search(r"`status RUN --json` gives, in fractions, the fields (.*?)\(a field", readme, re.S).group(1)
     assert tuple(re.findall(r"`(\w+)`", one)) == STATUS_FIELDS

@@ -4,6 +4,7 @@ shutdown, gloo's threads were destroyed while they ran and a rank that had finis
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -39,7 +40,8 @@ def test_two_ranks_leave_cleanly_with_the_process_group_torn_down(tmp_path):
     ranks = [subprocess.Popen([sys.executable, "user.py"], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT,
                               env={"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "PATH": "/usr/bin:/bin"})
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "PATH": "/usr/bin:/bin",
+                                   "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
              for r in range(2)]
     outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
     for rank, output in zip(ranks, outputs):

@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib")
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from hpc_train.runs import plots, report  # noqa: E402
+from hpc_train.runs import report  # noqa: E402
 from hpc_train.runs.index import load_run  # noqa: E402
 
 COUNTS = [124, 101, 100, 60, 40, 20, 19, 12, 8, 6]  # many, many, medium x4 (100 and 20 included), few x4
@@ -89,6 +89,7 @@ def test_the_report_plot_has_a_title_the_groups_the_spread_and_says_what_it_left
 
 def test_the_plots_groups_are_the_evaluations():
     pytest.importorskip("torch")
+    from hpc_train.runs import plots
     from hpc_train.train.observe import metrics
 
     assert (plots.MANY_ABOVE, plots.FEW_BELOW) == (metrics.MANY_ABOVE, metrics.FEW_BELOW)
