@@ -69,9 +69,13 @@ def test_a_site_template_without_srun_is_refused_with_the_fix(tmp_path, stub_slu
                                                  "mpirun {{ python | shquote }} -m hpc_train.train\n")
     assert cli("render", cwd=tmp_path, env=env).returncode == 0
     # srun anywhere a command runs it counts: after exec or env, or in the code of bash -c.
-    for launch in ("exec srun true", "env A=1 srun true", "bash -c 'srun true'"):
+    from hpc_train.config import NO_SITE, resolve_job
+    from hpc_train.render import render_sbatch
+
+    spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=custom.j2"])
+    for launch in ("exec srun true", "env A=1 srun true", "bash -c 'srun true'", "if true; then srun true; fi"):
         (tmp_path / "tpl" / "custom.j2").write_text(f"#!/bin/bash\n{launch}\n")
-        assert cli("render", cwd=tmp_path, env=env).returncode == 0, launch
+        assert render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path / "tpl"]), launch
 
 
 def test_a_template_directory_that_does_not_exist_is_refused(tmp_path):

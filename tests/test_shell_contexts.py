@@ -133,3 +133,15 @@ def test_the_issue_example_is_refused_by_render_exit_2(tmp_path):
                                                           "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     assert_refused(result, "custom.j2:2: the job value")
     assert result.stdout == "" and tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["BASH_ENV", "ENV", "PS4", "PROMPT_COMMAND", "SHELLOPTS", "IFS"])
+def test_an_environment_variable_bash_expands_is_refused(tmp_path, name):
+    # slurm.env is exported by the batch shell (its value safely quoted), but bash expands BASH_ENV's value and
+    # sources the result in every non-interactive bash it starts: the torchrun launch line's `bash -c`.
+    from hpc_train.errors import ConfigError
+
+    subprocess.run(["bash", "-c", "true"], cwd=tmp_path, env={"BASH_ENV": "$(touch P)", "PATH": "/usr/bin:/bin"})
+    assert (tmp_path / "P").exists()
+    with pytest.raises(ConfigError, match=f"slurm.env: {name} is read by every bash the job starts"):
+        resolve_job(None, site=NO_SITE, sets=[f"slurm.env.{name}=$(touch P)"])
