@@ -45,4 +45,6 @@ def read(text: str, regions: list[Region]) -> Reading:
         return Reading(Finding(exc.origin, text[region.start:region.end] if region else "", exc.where))
     except Unreadable as exc:
         return Reading(Finding(None, "", f"the script cannot be read as shell ({exc})"))
+    except RecursionError:
+        return Reading(Finding(None, "", "the script cannot be read as shell (its expansions nest too deep)"))
     return Reading(None, frozenset(lexer.programs))
