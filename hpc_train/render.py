@@ -317,12 +317,26 @@ LAUNCHES_ITSELF = "{# hpc-train: launches-itself #}"
 """The marker a template carries when it starts its ranks without srun (mpirun, its own launcher)."""
 
 
+def _sources(template: jinja2.Template) -> list[str]:
+    """The source of a template and of every template it includes, imports or extends (by a literal name)."""
+    from jinja2 import meta
+
+    env, seen, todo, found = template.environment, set(), [template.name], []
+    while todo:
+        name = todo.pop()
+        if name is None or name in seen:
+            continue
+        seen.add(name)
+        source = env.loader.get_source(env, name)[0]  # type: ignore[union-attr]
+        found.append(source)
+        todo.extend(meta.find_referenced_templates(env.parse(source)))
+    return found
+
+
 def _check_launch(template: jinja2.Template, programs: frozenset[str]) -> None:
     """A script that never runs srun would run its launch line once, in the batch shell, instead of one task
-    per rank: refused, unless the template says it launches its ranks itself."""
-    if "srun" in programs or template.filename is None:
-        return
-    if LAUNCHES_ITSELF in Path(template.filename).read_text(encoding="utf-8"):
+    per rank: refused, unless the template (or a partial it includes) says it launches its ranks itself."""
+    if "srun" in programs or any(LAUNCHES_ITSELF in source for source in _sources(template)):
         return
     raise TemplateError(f"{template.filename}: the script never runs srun, so the ranks would not start as tasks of "
                         "the job; launch them with srun (as partials/launch_srun.j2 does), or, where the template "

@@ -68,6 +68,11 @@ def test_a_site_template_without_srun_is_refused_with_the_fix(tmp_path, stub_slu
     (tmp_path / "tpl" / "custom.j2").write_text("#!/bin/bash\n{# hpc-train: launches-itself #}\n"
                                                  "mpirun {{ python | shquote }} -m hpc_train.train\n")
     assert cli("render", cwd=tmp_path, env=env).returncode == 0
+    # ...or a partial it includes does (a site that replaced only the launch block).
+    (tmp_path / "tpl" / "partials").mkdir()
+    (tmp_path / "tpl" / "partials" / "launch.j2").write_text("{# hpc-train: launches-itself #}\nmpirun hostname\n")
+    (tmp_path / "tpl" / "custom.j2").write_text('#!/bin/bash\n{% include "partials/launch.j2" %}\n')
+    assert cli("render", cwd=tmp_path, env=env).returncode == 0
     # srun anywhere a command runs it counts: after exec or env, or in the code of bash -c.
     from hpc_train.config import NO_SITE, resolve_job
     from hpc_train.render import render_sbatch
