@@ -2,7 +2,7 @@
 :mod:`hpc_train.rank.dist`. Torch-free to import."""
 
 from .rank.dist import (DEFAULT_PORT_BASE, DEFAULT_PORT_SPAN, DistEnv, DistError, init_process_group, launch_info,
-                        master_port_for, setup, simulate, visible_gpu_count)
+                        master_port_for, setup, simulate, teardown, visible_gpu_count)
 
 __all__ = ["DEFAULT_PORT_BASE", "DEFAULT_PORT_SPAN", "DistEnv", "DistError", "init_process_group", "launch_info",
-           "master_port_for", "setup", "simulate", "visible_gpu_count"]
+           "master_port_for", "setup", "simulate", "teardown", "visible_gpu_count"]

@@ -8,20 +8,23 @@ written. Two forms share one template (docs/design.md, decision 1):
 * ``submitit``: the same script whose launch line is submitit's ``_submit`` command and whose log paths
   are submitit's (see ``hpc_train/slurm/submitit_hook.py``).
 
-Shell-safe by default, site templates included: every ``{{ ... }}`` passes through :func:`_finalize`,
-which lets through what the quoting filters made (``shquote``, ``sbatch``, ``sbatch_flag``, ``comment``,
-``join`` of quoted words), what hpc-train wrote itself (the job YAML heredoc, submitit's launch command),
-and plain words (letters, digits, ``@%+=:,./-``: inert in any shell context). Anything else — a job
-value with a space, a quote, ``$(...)`` — is refused at render time, naming the template file and line:
-quoting it automatically would be wrong inside double quotes or a heredoc, so the template must say how.
+Shell-safe by default, site templates included: every ``{{ ... }}`` passes through :func:`_finalize`, which
+marks the value (and whether a quoting filter made it: ``shquote``, ``sbatch``, ``sbatch_flag``, ``comment``,
+``join`` of quoted words). The rendered script is then read as bash reads it (:mod:`hpc_train.shellsafe`), and a
+value that lands where a shell would expand, parse or run it — unquoted with a space or ``$(...)``, a quoted
+word inside double quotes or an unquoted heredoc, in arithmetic, as code for ``eval`` or ``bash -c``, as a
+shell builtin in command position — is refused at render time, naming the template file and line. Quoting it
+automatically would be wrong in half of these places, so the template must say how.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import re
 import shlex
+import sys
 import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -30,7 +33,7 @@ from typing import Any, Literal, Sequence
 
 import jinja2
 
-from . import __version__
+from . import __version__, shellsafe
 from .config import JobSpec, dump_yaml
 from .errors import TemplateError
 from .resources import templates_dir
@@ -40,16 +43,16 @@ Form = Literal["plain", "submitit"]
 
 
 class ShellSafe(str):
-    """Text that may stand in a script as it is: quoted by a filter, or written by hpc-train itself."""
+    """Text a quoting filter made: its quotes are its own (the render still checks where it lands)."""
+
+
+class HpcTrainWord(str):
+    """A word hpc-train makes itself from no job text (the heredoc's end marker): not a job value."""
 
 
 # shlex.quote's own notion of a word that needs no quotes: inert anywhere (unquoted, in "...", in a heredoc).
 _PLAIN_WORD = re.compile(r"[\w@%+=:,./-]*\Z", re.ASCII)
 _WORD_SEPARATOR = re.compile(r"[\w@%+=:,./ -]*\Z", re.ASCII)
-
-
-class UnquotedValue(Exception):
-    """A value that is not a plain word reached a template's output without a quoting filter."""
 
 
 def shquote(value: Any) -> ShellSafe:
@@ -58,12 +61,13 @@ def shquote(value: Any) -> ShellSafe:
 
 
 def sbatch_value(value: Any) -> ShellSafe:
-    """A value on an ``#SBATCH`` line: quoted like a shell word; a newline cannot be carried at all
-    (the rest would become a shell command), so it is refused."""
+    """A value on an ``#SBATCH`` line: quoted like a shell word, which sbatch's own option reader unquotes too,
+    with each backslash doubled (sbatch reads one as an escape, inside quotes as well); a newline cannot be
+    carried at all (the rest would become a shell command), so it is refused."""
     text = str(value)
     if "\n" in text or "\r" in text:
         raise TemplateError(f"a value on an #SBATCH line contains a newline: {text!r}; remove it")
-    return shquote(text)
+    return shquote(text.replace("\\", "\\\\"))
 
 
 def sbatch_flag(value: str) -> ShellSafe:
@@ -86,14 +90,40 @@ def join(items: Any, separator: str = "") -> str:
     return ShellSafe(text) if words_safe and _WORD_SEPARATOR.match(separator) else text
 
 
+class _Values:
+    """The values one render marks, and the template line each comes from (for the message that refuses one)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def mark(self, text: str, kind: str) -> str:
+        self.lines.append(_template_line())
+        return shellsafe.mark(text, kind, len(self.lines) - 1)
+
+
+_VALUES: contextvars.ContextVar[_Values | None] = contextvars.ContextVar("hpc_train_render_values", default=None)
+
+
+def _template_line() -> str:
+    """``file:line`` of the template expression being finalized (the innermost template frame)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        template = frame.f_globals.get("__jinja_template__")
+        if template is not None:
+            return f"{template.filename}:{template.get_corresponding_lineno(frame.f_lineno)}"
+        frame = frame.f_back
+    return "<template>"
+
+
 def _finalize(value: Any) -> Any:
-    """Every ``{{ ... }}`` of every template: quoted, written by us, or a plain word — else refused."""
-    if isinstance(value, ShellSafe):
-        return value
+    """Every ``{{ ... }}`` of every template: marked, so the render can tell where it lands (module docstring)."""
     text = "" if value is None else str(value)
-    if _PLAIN_WORD.match(text):
+    values = _VALUES.get()
+    if values is None or isinstance(value, HpcTrainWord):
         return text
-    raise UnquotedValue(text)
+    if shellsafe.is_marked(text) and not isinstance(value, ShellSafe):
+        return text  # a macro's or a block's output: the values in it are marked already
+    return values.mark(text, shellsafe.QUOTED if isinstance(value, ShellSafe) else shellsafe.RAW)
 
 
 @dataclass(frozen=True)
@@ -213,9 +243,10 @@ def render_sbatch(
         spec = replace(spec, slurm=replace(spec.slurm, pack=1))
     name = spec.slurm.template
     template = _load_template(name, site_dirs)
-    # Written by hpc-train itself, and only ever placed in a quoted heredoc or as the launch command.
-    job_yaml = ShellSafe(dump_yaml(spec))
-    array_yamls = [ShellSafe(dump_yaml(s)) for s in array_specs]
+    # The job's own text (a job value like any other: at home in a quoted heredoc); submitit's launch command,
+    # quoted by hpc-train (slurm/submit.py).
+    job_yaml = dump_yaml(spec)
+    array_yamls = [dump_yaml(s) for s in array_specs]
     launch = replace(launch, command=ShellSafe(launch.command))
     run_group = str(PurePosixPath(runs_root) / spec.name)
     binds: list[str] = []
@@ -228,7 +259,7 @@ def render_sbatch(
         python=python,
         launch=launch,
         job_yaml=job_yaml,
-        job_yaml_eof=heredoc_delimiter("".join([job_yaml, *array_yamls])),
+        job_yaml_eof=HpcTrainWord(heredoc_delimiter("".join([job_yaml, *array_yamls]))),
         array_yamls=array_yamls,
         template_name=name,
         version=__version__,
@@ -252,15 +283,71 @@ def _load_template(name: str, site_dirs: Sequence[Path]) -> jinja2.Template:
         raise TemplateError(f"template {exc.name!r} not found; search path: {where}") from None
 
 
+SHELL_SAFE_HINT = ("write {{ ... | shquote }} as a word of its own, outside double quotes and unquoted heredocs "
+                   "(| sbatch on an #SBATCH line, a quoted heredoc <<'EOF' for text)")
+
+
 def _render(template: jinja2.Template, context: dict[str, Any]) -> str:
-    """The rendered text; every way a template can fail is a TemplateError naming its file and line."""
+    """The rendered text, every job value in it checked where it lands; every way a template can fail is a
+    TemplateError naming its file and line."""
+    values = _Values()
+    token = _VALUES.set(values)
+    try:
+        marked = _render_marked(template, context)
+    finally:
+        _VALUES.reset(token)
+    try:
+        text, regions = shellsafe.unmark(marked)
+    except shellsafe.Malformed as exc:
+        raise TemplateError(f"{template.filename}: a filter changed a marked value ({exc}); the script cannot be "
+                            "checked for shell safety: apply quoting filters to job values only") from None
+    reading = shellsafe.read(text, regions)
+    finding = reading.finding
+    if finding is None:
+        _check_launch(template, reading.programs)
+        return text
+    if finding.origin is None:
+        raise TemplateError(f"{template.filename}: {finding.where}; job values cannot be checked, so it is not "
+                            "rendered")
+    raise TemplateError(f"{values.lines[finding.origin.index]}: the job value {finding.value[:60]!r} lands "
+                        f"{finding.where}, so a shell would not take it as plain data; {SHELL_SAFE_HINT}")
+
+
+LAUNCHES_ITSELF = "{# hpc-train: launches-itself #}"
+"""The marker a template carries when it starts its ranks without srun (mpirun, its own launcher)."""
+
+
+def _sources(template: jinja2.Template) -> list[str]:
+    """The source of a template and of every template it includes, imports or extends (by a literal name)."""
+    from jinja2 import meta
+
+    env, seen, todo, found = template.environment, set(), [template.name], []
+    while todo:
+        name = todo.pop()
+        if name is None or name in seen:
+            continue
+        seen.add(name)
+        source = env.loader.get_source(env, name)[0]  # type: ignore[union-attr]
+        found.append(source)
+        todo.extend(meta.find_referenced_templates(env.parse(source)))
+    return found
+
+
+def _check_launch(template: jinja2.Template, programs: frozenset[str]) -> None:
+    """A script that never runs srun would run its launch line once, in the batch shell, instead of one task
+    per rank: refused, unless the template (or a partial it includes) says it launches its ranks itself."""
+    if "srun" in programs or any(LAUNCHES_ITSELF in source for source in _sources(template)):
+        return
+    raise TemplateError(f"{template.filename}: the script never runs srun, so the ranks would not start as tasks of "
+                        "the job; launch them with srun (as partials/launch_srun.j2 does), or, where the template "
+                        f"starts them its own way, say so with {LAUNCHES_ITSELF}")
+
+
+def _render_marked(template: jinja2.Template, context: dict[str, Any]) -> str:
     try:
         return template.render(**context)
     except TemplateError:
         raise
-    except UnquotedValue as exc:
-        raise TemplateError(f"{_template_location(exc)}: {str(exc)[:60]!r} would reach the shell unquoted; write "
-                            "{{ ... | shquote }} (| sbatch on an #SBATCH line)") from None
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(f"{exc.filename}:{exc.lineno}: template syntax error: {exc.message}") from None
     except jinja2.TemplateNotFound as exc:
@@ -272,9 +359,11 @@ def _render(template: jinja2.Template, context: dict[str, Any]) -> str:
 
 
 def template_source(name: str, site_dirs: Sequence[Path] = ()) -> tuple[Path, str]:
-    for directory in search_path(site_dirs):
-        path = directory / name
-        if path.is_file():
+    """The source of a template or partial by its name on the search path (what ``templates list`` shows); no
+    other file (``../../etc/passwd``) is a template."""
+    for listed, path, _overridden in list_templates(site_dirs):
+        if listed == name:
             return path, path.read_text(encoding="utf-8")
     where = ", ".join(str(d) for d in search_path(site_dirs))
-    raise TemplateError(f"template {name!r} not found; search path: {where}")
+    raise TemplateError(f"no template {name!r} on the search path ({where}); `hpc-train templates list` shows "
+                        "the names")

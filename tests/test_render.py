@@ -235,13 +235,13 @@ def test_site_template_without_filters_renders_plain_words(tmp_path):
 @pytest.mark.parametrize("field,line", NAIVE_FIELDS, ids=[f for f, _ in NAIVE_FIELDS])
 def test_site_template_without_filters_refuses_a_hostile_value(tmp_path, field, line):
     # Quoting it in place would be wrong inside "..." or a heredoc: the render stops, naming file and line.
-    with pytest.raises(TemplateError, match=rf"naive\.sbatch\.j2:{line}: .* would reach the shell unquoted"):
+    with pytest.raises(TemplateError, match=rf"naive\.sbatch\.j2:{line}: the job value .* a shell would not take it as plain data"):
         _naive(tmp_path, field)
 
 
 @pytest.mark.parametrize("value", ["a b", "x;y", "$(id)", "`id`", "a'b", 'a"b', "a\\b", "*", "~root", "a&b", "é€"])
 def test_anything_but_a_plain_word_is_refused_unquoted(tmp_path, value):
-    with pytest.raises(TemplateError, match="would reach the shell unquoted"):
+    with pytest.raises(TemplateError, match="lands unquoted, where the shell splits, globs and expands it"):
         _naive(tmp_path, "slurm.env.FOO", value)
 
 
@@ -251,7 +251,7 @@ def test_quoting_filters_are_not_applied_twice(tmp_path):
     (site_dir / "quoted.sbatch.j2").write_text(
         "#!/bin/bash\n#SBATCH --partition={{ job.slurm.partition | sbatch }}\n"
         "export P={{ job.slurm.partition | shquote }}\nmodule load {{ job.slurm.modules | map('shquote') | join(' ') }}\n"
-        "# {{ job.name | comment }}\n")
+        "# {{ job.name | comment }}\n{# hpc-train: launches-itself #}")
     spec, _ = resolve_job(None, site=NO_SITE, flags={"name": "my   run"},
                           sets=["slurm.template=quoted.sbatch.j2", "slurm.partition=a b", "slurm.modules=[m1, m 2]"])
     text = render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[site_dir])
@@ -281,7 +281,8 @@ def test_site_template_dir_wins_and_reuses_partials(tmp_path):
     site_dir = tmp_path / "site-templates"
     site_dir.mkdir()
     (site_dir / "default.sbatch.j2").write_text(
-        "#!/bin/bash\n# SITE TEMPLATE for {{ job.name | comment }}\n{% include 'partials/sbatch_header.j2' %}\n")
+        "#!/bin/bash\n# SITE TEMPLATE for {{ job.name | comment }}\n{% include 'partials/sbatch_header.j2' %}\n"
+        "srun true\n")
     spec, _ = resolve_job(None, site=NO_SITE)
     text = render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[site_dir])
     assert "# SITE TEMPLATE for digits-lt-demo" in text and "#SBATCH --nodes=1" in text

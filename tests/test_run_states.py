@@ -48,6 +48,14 @@ def line(event, instance=None, **fields):
     # ...but a new launch (--resume) does.
     ([line("running", "slurm:7.0"), line("cancelled"), line("running", "slurm:9.0"), line("exit", "slurm:9.0", exit_code=0)],
      "completed", "", 0),
+    # ...and so does the new job's queued line, before its launch starts (issue 19, item 8: --wait saw
+    # "cancelled" at once, and the local launcher refused to start the continuation).
+    ([line("running", "local:x.0"), line("cancelled", reason="by the user"), line("queued", writer="submit")],
+     "queued", "", None),
+    ([line("running", "local:x.0"), line("exit", "local:x.0", exit_code=75), line("queued", writer="submit")],
+     "queued", "", None),
+    # A chain queues all its jobs at once: their queued lines change nothing.
+    ([line("queued"), line("queued"), line("running", "slurm:7.0")], "running", "", None),
     # A failure recorded by one rank is not undone by rank 0 starting to train later in the same launch.
     ([line("failed", "slurm:7.0", reason="rank 3 died"), line("running", "slurm:7.0", writer="trainer")],
      "failed", "rank 3 died", None),

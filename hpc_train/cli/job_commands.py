@@ -11,7 +11,8 @@ import click
 
 from ..errors import ConfigError
 from . import CONTEXT, cli
-from .options import WithCommand, echo_json, job_options, resolve, runs_root, sweep_options, write_output
+from .options import (WithCommand, echo_json, job_options, resolve, runs_root, simulate_options, sweep_options,
+                      write_output)
 
 
 @cli.command(cls=WithCommand, context_settings=CONTEXT)
@@ -47,33 +48,49 @@ def render(output: Path | None, **kwargs: Any) -> None:
 
 
 def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel: int | None) -> None:
+    """What submit would do, doing nothing: the local plan, or the Slurm script and Slurm's verdict (without
+    Slurm here: the script and the checks this machine can make, the verdict skipped, exit 0)."""
+    import shutil
+
     from ..config.plugins import check as check_plugins
-    from ..local import submit as local
-    from ..runs import rundir
     from ..runs.submission import choose_cluster
     from ..slurm import submit as submit_mod
 
     spec = resolved.spec
-    chosen, note = choose_cluster(cluster, spec)  # type: ignore[arg-type]
+    no_slurm = shutil.which("sbatch") is None
+    slurm_script_here = no_slurm and (cluster == "slurm" or (cluster == "auto" and spec.slurm.nodes > 1))
+    chosen, note = ("slurm", "") if slurm_script_here else choose_cluster(cluster, spec)  # type: ignore[arg-type]
     for line in ([] if spec.command else check_plugins(spec.train)):  # imports the job's own modules
         click.echo(line, err=True)
     if chosen == "local":
-        group = rundir.run_group(rundir.runs_root(spec.runs_dir), spec.name)
-        run_dirs = [resume_dir] if resume_dir else [group / rid for rid in local.new_run_ids(len(resolved.sweep) or 1)]
-        click.echo(local.plan_text(resolved, run_dirs), nl=False)
-        for line in (note, local.local_note(spec)):
-            if line:
-                click.echo(line, err=True)
-        click.echo(f"dry run: would run {spec.slurm.ranks_per_node} local rank(s) of {spec.name!r} "
-                   f"{'in ' + str(len(run_dirs)) + ' runs, one after another' if len(run_dirs) > 1 else ''}".rstrip(),
-                   err=True)
+        _local_plan(resolved, resume_dir, note)
         return
     spec, sweep = submit_mod.with_site_gpu_flag(resolved)
     script = submit_mod.dry_run_script(spec, resolved.sources, sweep=sweep, max_parallel=max_parallel,
                                        resume_dir=resume_dir)
     click.echo(script, nl=False)
+    if slurm_script_here:
+        click.echo("no Slurm here: sbatch --test-only skipped", err=True)
+        return
     for line in submit_mod.preflight(spec, script):
         click.echo(f"preflight: {line}", err=True)
+
+
+def _local_plan(resolved: Any, resume_dir: Path | None, note: str) -> None:
+    from ..local import submit as local
+    from ..runs import rundir
+
+    spec = resolved.spec
+    local.check_devices(spec)
+    group = rundir.run_group(rundir.runs_root(spec.runs_dir), spec.name)
+    run_dirs = [resume_dir] if resume_dir else [group / rid for rid in local.new_run_ids(len(resolved.sweep) or 1)]
+    click.echo(local.plan_text(resolved, run_dirs), nl=False)
+    for line in (note, local.local_note(spec)):
+        if line:
+            click.echo(line, err=True)
+    together = f"{spec.slurm.pack} at a time" if spec.slurm.pack > 1 else "one after another"
+    click.echo(f"dry run: would run {spec.slurm.ranks_per_node} local rank(s) of {spec.name!r} "
+               f"{'in ' + str(len(run_dirs)) + ' runs, ' + together if len(run_dirs) > 1 else ''}".rstrip(), err=True)
 
 
 @cli.command(cls=WithCommand, context_settings=CONTEXT)
@@ -86,7 +103,8 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
 @click.option("--chain", type=click.IntRange(min=1, max=100), default=1, show_default=True,
               help="Queue N jobs, each starting after the previous ends and resuming the same run (no requeue needed).")
 @click.option("--dry-run", is_flag=True, help="Submit nothing; print what would run. Slurm: the script and Slurm's "
-              "verdict (partition, account, sbatch --test-only). Local: each rank's command line.")
+              "verdict (partition, account, sbatch --test-only); without Slurm here, the script and the checks this "
+              "machine can make. Local: each rank's command line.")
 @click.option("--wait", is_flag=True, help="Follow the run(s) to the end; exit 0 only if they completed.")
 @click.option("--json", "as_json", is_flag=True, help="Print job id, run name and run dir as JSON.")
 @click.option("--snapshot", is_flag=True, help="Record the code that runs: the git SHA, branch and untracked files "
@@ -156,7 +174,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
 
 
 @cli.command(context_settings=CONTEXT)
-@job_options
+@simulate_options
 @click.option("--nodelist", help="The allocation's node list (default: node[01-N]).")
 @click.option("--job-id", type=click.IntRange(min=1, max=2**31 - 1), default=1234, show_default=True,
               help="Job id the MASTER_PORT is derived from.")

@@ -33,27 +33,42 @@ def _apply(func: Callable[..., Any], options: list[Callable[..., Any]]) -> Calla
     return func
 
 
+def _job_options() -> dict[str, Callable[..., Any]]:
+    """Every option that names or shapes a job, by name (each command takes those that mean something to it)."""
+    return {
+        "job": click.argument("job", required=False, metavar="[JOB]"),
+        "nodes": click.option("--nodes", "-N", type=click.IntRange(min=1), envvar="HPC_TRAIN_NODES", show_envvar=True,
+                              help="Number of nodes."),
+        "gpus": click.option("--gpus", "-G", type=click.IntRange(min=0), envvar="HPC_TRAIN_GPUS", show_envvar=True,
+                             help="GPUs per node; implies one rank per GPU unless --tasks-per-node is given."),
+        "tasks_per_node": click.option("--tasks-per-node", type=click.IntRange(min=1),
+                                       help="Ranks per node (CPU jobs; default: one per GPU)."),
+        "launcher": click.option("--launcher", type=click.Choice(["srun", "torchrun"]),
+                                 help="Launch block: srun (one task per rank) or torchrun (one per node)."),
+        "time": click.option("--time", "-t", help="Time limit, Slurm format (e.g. 02:00:00, 1-00:00)."),
+        "partition": click.option("--partition", "-p", envvar="HPC_TRAIN_PARTITION", show_envvar=True,
+                                  help="Slurm partition."),
+        "account": click.option("--account", "-A", envvar="HPC_TRAIN_ACCOUNT", show_envvar=True, help="Slurm account."),
+        "name": click.option("--name", help="Job name (also the run-directory group)."),
+        "runs_dir": click.option("--runs-dir", envvar="HPC_TRAIN_RUNS_DIR", show_envvar=True, help=RUNS_DIR_HELP),
+        "set": click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                            help="Override any job key, value read by its field's type (e.g. --set train.epochs=10, "
+                                 "--set train.amp=off). Repeatable."),
+        "epochs": click.option("--epochs", type=click.IntRange(min=1), metavar="N",
+                               help="Train N epochs, every epoch-indexed key (warm-up, milestones, DRW, cRT) rescaled "
+                                    "in proportion; prints what it changed."),
+    }
+
+
 def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    return _apply(func, [
-        click.argument("job", required=False, metavar="[JOB]"),
-        click.option("--nodes", "-N", type=click.IntRange(min=1), envvar="HPC_TRAIN_NODES", show_envvar=True,
-                     help="Number of nodes."),
-        click.option("--gpus", "-G", type=click.IntRange(min=0), envvar="HPC_TRAIN_GPUS", show_envvar=True,
-                     help="GPUs per node; implies one rank per GPU unless --tasks-per-node is given."),
-        click.option("--tasks-per-node", type=click.IntRange(min=1), help="Ranks per node (CPU jobs; default: one per GPU)."),
-        click.option("--launcher", type=click.Choice(["srun", "torchrun"]), help="Launch block: srun (one task per rank) or torchrun (one per node)."),
-        click.option("--time", "-t", help="Time limit, Slurm format (e.g. 02:00:00, 1-00:00)."),
-        click.option("--partition", "-p", envvar="HPC_TRAIN_PARTITION", show_envvar=True, help="Slurm partition."),
-        click.option("--account", "-A", envvar="HPC_TRAIN_ACCOUNT", show_envvar=True, help="Slurm account."),
-        click.option("--name", help="Job name (also the run-directory group)."),
-        click.option("--runs-dir", envvar="HPC_TRAIN_RUNS_DIR", show_envvar=True, help=RUNS_DIR_HELP),
-        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                     help="Override any job key, value read by its field's type (e.g. --set train.epochs=10, "
-                          "--set train.amp=off). Repeatable."),
-        click.option("--epochs", type=click.IntRange(min=1), metavar="N",
-                     help="Train N epochs, every epoch-indexed key (warm-up, milestones, DRW, cRT) rescaled in "
-                          "proportion; prints what it changed."),
-    ])
+    return _apply(func, list(_job_options().values()))
+
+
+def simulate_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """What changes the rank mapping (``simulate``): the job, the allocation's shape, and --set for the rest
+    (slurm.master_port_base, ...); time, partition, account, names and epochs do not."""
+    options = _job_options()
+    return _apply(func, [options[k] for k in ("job", "nodes", "gpus", "tasks_per_node", "set")])
 
 
 def sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -63,7 +78,8 @@ def sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--sweep-file", type=click.Path(dir_okay=False, path_type=Path),
                      help="YAML sweep: {key: [values]} (grid) or {points: [{key: value}, ...]}."),
         click.option("--max-parallel", type=click.IntRange(min=1, max=1000),
-                     help="Array throttle: at most N tasks at once (%N). Local runs go one at a time."),
+                     help="Slurm: the array throttle, at most N tasks at once (%N). Local runs ignore it: they go "
+                          "one at a time, or K at a time with --pack K."),
         click.option("--pack", type=click.IntRange(min=1, max=64), metavar="K",
                      help="Run K sweep points together in one allocation (one GPU, one node), each its own run "
                           "(slurm.pack)."),

@@ -10,45 +10,48 @@ from ..errors import ConfigError
 from . import CONTEXT, cli
 from .options import echo_json, runs_dir_option, runs_root
 
-_SHOWN = ("reason", "slurm_state", "elapsed", "nodes", "exit_code", "restarts", "first_failure", "hint")
-
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("run", required=False)
 @runs_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (accuracy as fractions).")
 def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
-    """Show the state of a run, or of every run here (under the runs directory, and the runs submitted
-    from this directory wherever their job's runs_dir put them).
+    """Show the state of a run, of a sweep, or of every run here (under the runs directory, and the runs
+    submitted from this directory wherever their job's runs_dir put them).
 
     RUN is a run name (name/id), a job id, a run directory, or a job name (its latest run). The state
     (queued, running, completed, failed, cancelled, preempted, requeued) is what the run directory
     recorded, checked against squeue and sacct; a failed run says why, and names its first failing
-    rank and host.
+    rank and host. A sweep (a job name whose latest submission was one, NAME/ID_* as submit prints it, or the
+    array id) is one line with its points per state; NAME/ID_K is one point. Accuracy is shown in percent.
+    Without Slurm here, Slurm runs that have not ended are `unknown`.
 
     \b
     Examples:
       hpc-train status
       hpc-train status digits-lt-demo/4242 --json
+      hpc-train status lt-sweep             # the sweep: one line, points per state
+      hpc-train status lt-sweep/60_3        # one point of it
     """
-    from ..runs.index import find_runs, resolve_run
+    from ..runs import sweeps
+    from ..runs.index import find_runs
     from ..runs.status import run_statuses
+    from ..runs.status_lines import run_line, sweep_line
 
     root = runs_root(runs_dir)
-    runs = [resolve_run(run, root)] if run else find_runs(root)
-    rows = run_statuses(runs)
+    if run:
+        chosen, is_sweep = sweeps.find(run, root)
+        rows = run_statuses(chosen)
+        data: object = sweeps.sweep_status(chosen[0], rows).to_dict() if is_sweep else rows[0]
+        lines = [sweep_line(data) if is_sweep else run_line(rows[0])]  # type: ignore[arg-type]
+    else:
+        rows = run_statuses(find_runs(root))
+        data, lines = rows, [run_line(row) for row in rows] or [f"no runs under {root}, and none submitted from here"]
     if as_json:
-        echo_json(rows[0] if run else rows)
+        echo_json(data)
         return
-    if not rows:
-        click.echo(f"no runs under {root}, and none submitted from here")
-        return
-    for row in rows:
-        extra = ", ".join(f"{k.replace('_', ' ')} {row[k]}" for k in _SHOWN if k in row)
-        progress = row.get("progress")
-        if progress:
-            extra = (extra + ", " if extra else "") + " ".join(f"{k}={v}" for k, v in progress.items())
-        click.echo(f"{row['run']}  job {row['job_id']}  {row['state']}" + (f"  ({extra})" if extra else ""))
+    for line in lines:
+        click.echo(line)
 
 
 @cli.command(context_settings=CONTEXT)

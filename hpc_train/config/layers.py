@@ -81,11 +81,23 @@ def load_site() -> SiteConfig:
         dirs = data.pop("template_dirs", []) or []
         if not isinstance(dirs, list) or not all(isinstance(d, Scalar) for d in dirs):
             raise ConfigError(f"{path}: template_dirs must be a list of directories")
-        template_dirs = [(path.parent / d.text).expanduser() for d in dirs] + template_dirs
+        template_dirs = [_template_dir(path, d) for d in dirs] + template_dirs
         check_keys(data, JobSpec, f"site file {path}")
         merged = deep_merge(merged, data)
         used = path
     return SiteConfig(path=used, defaults=merged, template_dirs=tuple(template_dirs))
+
+
+def _template_dir(site_file: Path, entry: Scalar) -> Path:
+    """A ``template_dirs`` entry (``~`` expanded; relative to the site file): a directory, or the site file is
+    refused (a missing one would silently leave the site's templates out)."""
+    directory = Path(entry.text).expanduser()
+    directory = directory if directory.is_absolute() else site_file.parent / directory
+    if not directory.is_dir():
+        why = "does not exist" if not directory.exists() else "is not a directory"
+        raise ConfigError(f"{entry.where or site_file}: template_dirs entry {entry.text!r} ({directory}) {why}; "
+                          "create it (hpc-train templates export DIR) or remove it from the site file")
+    return directory
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -143,6 +155,9 @@ def job_path(job: str | Path | None) -> Path | None:
 
 def _layered(path: Path, sets: Sequence[str], flags: Mapping[str, Any] | None, site: SiteConfig) -> dict[str, Any]:
     job_data = load_yaml_file(path)
+    if not job_data:  # never the default job under another's name: an empty file is a mistake
+        raise ConfigError(f"job file {path} is empty; give at least its name and train: (or slurm:) keys, e.g. "
+                          "from `hpc-train jobs show digits_lt_demo`, or give no JOB for the default job")
     check_keys(job_data, JobSpec, f"job file {path}")
     merged = deep_merge(site.defaults, job_data)
     for item in sets:

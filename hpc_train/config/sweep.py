@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import ConfigError
 from .job import JobSpec
 from .typed import convert, field_type
-from .yaml_text import load_yaml_file, parse_value
+from .yaml_text import MAX_SWEEP_NODES, load_yaml_file, parse_value
 
 Point = dict[str, Any]
 
@@ -38,7 +38,7 @@ def _typed(key: str, values: Sequence[Any], source: str) -> list[Any]:
 def _split_values(raw: str, source: str) -> list[Any]:
     """``a,b,c`` or a YAML flow list ``[a, 'b,c']`` as raw values."""
     if raw.strip().startswith("["):
-        values = parse_value(raw, source)
+        values = parse_value(raw, source, MAX_SWEEP_NODES)
         if not isinstance(values, list):
             raise ConfigError(f"{source}: {raw!r} is not a list")
         return values

@@ -156,8 +156,19 @@ def _validate_slurm(s: SlurmConfig, strategy: str) -> None:
     for key in s.env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ConfigError(f"slurm.env: {key!r} is not a valid environment variable name")
+        if key in SHELL_READS:
+            raise ConfigError(f"slurm.env: {key} is read by every bash the job starts (its value expanded and run, or "
+                              "the way the script is read changed); a job value never lands there: set it in your "
+                              "own script")
     if not (1024 <= s.master_port_base and s.master_port_base + s.master_port_span <= 65535 and s.master_port_span > 0):
         raise ConfigError("slurm.master_port_base/span must keep ports within 1024-65535")
+
+
+SHELL_READS = frozenset({"BASH_ENV", "ENV", "PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND", "SHELLOPTS", "BASHOPTS",
+                         "IFS"})
+"""Variables bash expands, runs or reads its script by: ``BASH_ENV='$(cmd)'`` runs cmd in every non-interactive
+bash (the torchrun launch line's, a command that is a script), ``PS4`` under xtrace, ``IFS`` re-splits the
+template's own words (docs/design.md, decision 3)."""
 
 
 def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:

@@ -8,7 +8,10 @@ it was quoted), and :mod:`hpc_train.config.typed` turns each scalar into the typ
 
 It also refuses what a job file should never hold: duplicate keys (a second ``slurm:`` block would
 silently replace the first), tags (``!!python/...``), non-text keys, and NUL bytes; and it reads only
-regular files under a size cap (``render /dev/zero`` must not read until the OOM killer acts).
+regular files under a size cap (``render /dev/zero`` must not read until the OOM killer acts). Small but
+expensive YAML is refused before it costs anything: nesting deeper than :data:`MAX_DEPTH` (10,000 ``[`` would
+exhaust Python's recursion), and more than :data:`MAX_NODES` values once aliases are expanded (a 600-byte
+"billion laughs" of nested ``&a``/``*a`` lists expands to billions), or an alias that refers to itself.
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ from ..errors import ConfigError
 
 MAX_FILE_BYTES = 1 << 20
 """Job, site and sweep files are small; anything larger is not one (1 MiB)."""
+
+MAX_DEPTH = 100
+"""Mappings and lists nest at most this deep (a job file nests 4 levels: the document's mapping is one)."""
+MAX_NODES = 10_000
+"""A job, site file or ``--set`` value holds at most this many values (keys, scalars, lists, mappings), aliases
+expanded (a resolved job holds about 200)."""
+MAX_SWEEP_NODES = 50_000
+"""A sweep file's cap: 1,000 points (sweep.MAX_POINTS) of up to 24 keys each."""
 
 _STR_TAG = "tag:yaml.org,2002:str"
 _MAP_TAG = "tag:yaml.org,2002:map"
@@ -45,11 +56,82 @@ class Scalar:
         return repr(self.text)
 
 
+class YamlTooLarge(ConfigError):
+    """Small but expensive YAML: too deep, too many values once aliases are expanded, or an alias in itself."""
+
+
 class _Composer(yaml.SafeLoader):
-    """SafeLoader that resolves no plain scalar: every one is composed with the ``str`` tag."""
+    """SafeLoader that resolves no plain scalar (every one is composed with the ``str`` tag) and composes at
+    most :data:`MAX_DEPTH` levels (its composer recurses once per level)."""
+
+    def __init__(self, stream: str, source: str) -> None:
+        super().__init__(stream)
+        self.source, self.depth = source, 0
+
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
+        # The scanner reads ahead up to 1,024 characters of ``[[[...`` (each one may start a simple key) before
+        # the composer sees the first: stop at the level the composer would refuse.
+        if self.flow_level >= MAX_DEPTH:
+            mark = self.get_mark()
+            raise YamlTooLarge(f"{self.source}:{mark.line + 1}:{mark.column + 1}: nested more than {MAX_DEPTH} "
+                               "levels deep; a job file is a few levels of keys and lists")
+        super().fetch_flow_collection_start(token_class)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        collection = self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent)
+        self.depth += collection
+        try:
+            if self.depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise YamlTooLarge(f"{self.source}:{mark.line + 1}:{mark.column + 1}: nested more than {MAX_DEPTH} "
+                                  "levels deep; a job file is a few levels of keys and lists")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= collection
 
 
 _Composer.yaml_implicit_resolvers = {}
+
+
+def _measure(root: yaml.Node, source: str, max_nodes: int) -> None:
+    """Refuse a document that is deeper than :data:`MAX_DEPTH` or holds more than ``max_nodes`` values once its
+    aliases are expanded, or whose alias refers to itself; in time linear in the composed document (a shared
+    node is measured once)."""
+    measured: dict[int, tuple[int, int]] = {}
+    open_nodes: set[int] = set()
+
+    def too_deep(node: yaml.Node) -> ConfigError:
+        return YamlTooLarge(f"{_where(source, node)}: nested more than {MAX_DEPTH} levels deep (aliases expanded); "
+                           "a job file is a few levels of keys and lists")
+
+    def visit(node: yaml.Node, level: int) -> tuple[int, int]:
+        """(values, levels of lists and mappings) under ``node``, which is at ``level`` of them."""
+        if isinstance(node, yaml.ScalarNode):
+            return 1, 0
+        if level > MAX_DEPTH:
+            raise too_deep(node)
+        key = id(node)
+        if key in measured:
+            count, height = measured[key]
+            if level + height - 1 > MAX_DEPTH:
+                raise too_deep(node)
+            return count, height
+        if key in open_nodes:
+            raise YamlTooLarge(f"{_where(source, node)}: a YAML alias refers to the value it is in; write it out")
+        open_nodes.add(key)
+        count, height = 1, 1
+        children = node.value if isinstance(node, yaml.SequenceNode) else [part for pair in node.value for part in pair]
+        for child in children:
+            child_count, child_height = visit(child, level + 1)
+            count, height = count + child_count, max(height, child_height + 1)
+            if count > max_nodes:
+                raise YamlTooLarge(f"{source}: more than {max_nodes:,} values once its YAML aliases are expanded; "
+                                  "a job file is small (write the values out)")
+        open_nodes.discard(key)
+        measured[key] = (count, height)
+        return count, height
+
+    visit(root, 1)
 
 
 def _where(source: str, node: yaml.Node) -> str:
@@ -95,14 +177,17 @@ def _raw(node: yaml.Node, source: str) -> Any:
     return {**merged, **out}
 
 
-def parse_yaml(text: str, source: str) -> Any:
+def parse_yaml(text: str, source: str, max_nodes: int = MAX_NODES) -> Any:
     """A YAML document as raw data (dicts, lists, :class:`Scalar`); None for an empty document.
-    Syntax errors name ``source:line:column``."""
+    Syntax errors name ``source:line:column``; deeper than :data:`MAX_DEPTH` or larger than ``max_nodes``
+    (aliases expanded) is refused."""
     if "\0" in text:
         raise ConfigError(f"{source}: contains a NUL byte; a job file is text")
-    loader = _Composer(text)
+    loader = _Composer(text, source)
     try:
         node = loader.get_single_node()
+        if node is not None:
+            _measure(node, source, max_nodes)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -116,7 +201,7 @@ def parse_yaml(text: str, source: str) -> Any:
 def parse_mapping(text: str, source: str, what: str = "job file") -> dict[str, Any]:
     """A YAML document that must be a mapping (job, site and sweep files)."""
     try:
-        data = parse_yaml(text, source)
+        data = parse_yaml(text, source, MAX_SWEEP_NODES if what == "sweep file" else MAX_NODES)
     except ConfigError as exc:
         raise ConfigError(f"{exc}; fix the {what}" if "YAML syntax error" in str(exc) else str(exc)) from None
     if data is None:
@@ -127,13 +212,16 @@ def parse_mapping(text: str, source: str, what: str = "job file") -> dict[str, A
     return data
 
 
-def parse_value(text: str, source: str) -> Any:
+def parse_value(text: str, source: str, max_nodes: int = MAX_NODES) -> Any:
     """One value typed on the command line (``--set key=VALUE``, a ``--sweep`` value): YAML flow syntax
-    (``[a, b]``, ``{k: v}``, quotes) is read; text that is not valid YAML is taken as it is."""
+    (``[a, b]``, ``{k: v}``, quotes) is read; text that is not valid YAML is taken as it is (YAML that is
+    too large is refused)."""
     if not text.strip():
         return Scalar("", where=source)
     try:
-        data = parse_yaml(text, source)
+        data = parse_yaml(text, source, max_nodes)
+    except YamlTooLarge:
+        raise
     except ConfigError:
         if "\0" in text:
             raise

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..errors import ConfigError
 from ..runs import rundir
 from . import launcher
 
@@ -52,6 +53,28 @@ def local_note(spec) -> str:
     applied = ", slurm.env applied" if spec.slurm.env else ""
     return (f"running locally: {', '.join(ignored)} ignored (the ranks run {sys.executable} in this "
             f"environment{applied})")
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this machine has (the driver's /proc entries, else the device files), without CUDA or torch."""
+    driver = Path("/proc/driver/nvidia/gpus")
+    found = len(list(driver.iterdir())) if driver.is_dir() else 0
+    return max(found, len([p for p in Path("/dev").glob("nvidia[0-9]*") if p.name[6:].isdigit()]))
+
+
+def check_devices(spec) -> None:
+    """Before any rank starts (the torch import alone takes seconds): a trainer job that asks for GPUs runs on
+    this machine only where it has them (never a silent CPU fallback: docs/design.md, decision 10)."""
+    t, s = spec.train, spec.slurm
+    wants_cuda = t.device == "cuda" or (t.device == "auto" and s.gpus_per_node > 0)
+    if spec.command or not wants_cuda:
+        return
+    have = visible_gpus()
+    wanted = max(1, s.gpus_per_node)
+    if have < wanted:
+        why = "train.device=cuda" if t.device == "cuda" else f"--gpus {s.gpus_per_node} (slurm.gpus_per_node)"
+        raise ConfigError(f"{why} asks for {wanted} GPU(s), but this machine has {have}; run it locally with --gpus 0 "
+                          "(CPU ranks, gloo) or --set train.device=cpu, or submit it to a cluster with GPUs")
 
 
 def plan_text(resolved, run_dirs: Sequence[Path]) -> str:
@@ -90,6 +113,7 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
     cwd = (cwd or Path.cwd()).resolve()
     specs = list(resolved.sweep or [resolved.spec])
     spec = specs[0]
+    check_devices(spec)
     group = rundir.run_group(rundir.runs_root(spec.runs_dir, cwd), spec.name)
     created = Created()
     created.mkdir(group)

@@ -19,6 +19,8 @@ torch is imported inside functions only: the CLI imports this module.
 
 from __future__ import annotations
 
+import atexit
+
 import os
 import socket
 from dataclasses import dataclass
@@ -286,7 +288,8 @@ def launch_info(environ: Mapping[str, str] | None = None) -> dict[str, str | int
 def setup(*, backend: str | None = None, timeout_s: int = 600) -> DistEnv:
     """One call for your own code: the validated mapping (:meth:`DistEnv.from_environ`), this rank's GPU
     (``LOCAL_RANK``, when CUDA is there), and the default process group (world size > 1; ``nccl`` on GPUs,
-    ``gloo`` on CPUs unless ``backend`` says). torch is imported here, not at import time. ::
+    ``gloo`` on CPUs unless ``backend`` says), torn down when the interpreter exits (:func:`teardown`, with
+    ``atexit``). torch is imported here, not at import time. ::
 
         from hpc_train.dist import setup
         env = setup()            # then DDP(model, device_ids=[env.local_rank]) on GPUs
@@ -299,7 +302,21 @@ def setup(*, backend: str | None = None, timeout_s: int = 600) -> DistEnv:
         torch.cuda.set_device(env.cuda_device_index(torch.cuda.device_count()))
     if env.is_distributed:
         init_process_group(env, backend=backend or ("nccl" if cuda else "gloo"), timeout_s=timeout_s)
+        atexit.register(teardown)
     return env
+
+
+def teardown() -> None:
+    """Destroy the default process group, if one is still there. :func:`setup` registers it to run at exit: a
+    process group left to the interpreter's own shutdown has its threads destroyed while they run, and the rank
+    dies with SIGABRT ("terminate called without an active exception", exit 134) after its work was done."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        try:
+            tdist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - leaving anyway: a peer that is gone already is no reason to fail
+            pass
 
 
 def init_process_group(dist: DistEnv, *, backend: str, timeout_s: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -51,6 +52,36 @@ def index_path() -> Path:
 
 PRUNE_AT_BYTES = 1 << 20
 """An index this large (about 7,000 runs) drops the lines of runs whose directory is gone."""
+
+
+def check_writable() -> None:
+    """Before anything is queued: the run index can be written (``status``, ``logs`` and ``--resume`` find runs
+    through it), else exit 2 saying where; a submission never queues a run it could not record. The probe leaves
+    nothing behind (directories it made are removed again; ``register`` makes them for good)."""
+    path = index_path()
+    missing, existing = [], path.parent
+    while not existing.exists() and existing != existing.parent:
+        missing.append(existing)
+        existing = existing.parent
+    made: list[Path] = []
+    try:
+        for directory in reversed(missing):
+            directory.mkdir()
+            made.append(directory)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path.parent)
+        os.close(fd)
+        os.unlink(probe)
+        if path.exists() and not (path.is_file() and os.access(path, os.W_OK)):
+            raise OSError(0, "not a writable file")
+    except OSError as exc:
+        raise ConfigError(f"cannot record runs in {path} ({exc.strerror or exc}); set ${STATE_DIR_ENV} to a "
+                          "directory you can write") from None
+    finally:
+        for directory in reversed(made):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
 
 
 def register(run_dirs: list[Path], submit_dir: Path, prune_at_bytes: int = PRUNE_AT_BYTES) -> str | None:

@@ -16,14 +16,34 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
 from . import rundir
 from .index import Run, all_runs, is_run_dir, load_run
+from .sweeps import order_key
 
-METRICS = ("top1", "balanced", "many", "medium", "few")
-HEADERS = {"top1": "top-1", "balanced": "balanced", "many": "many", "medium": "medium", "few": "few"}
+@dataclass(frozen=True)
+class Column:
+    """A figure of an evaluation record (``metrics.jsonl``), a column of the report: mean ± std over seeds."""
+
+    key: str
+    header: str
+
+
+@dataclass(frozen=True)
+class Row:
+    """An epoch the report shows a configuration at: which evaluation of each run it takes."""
+
+    name: str
+    pick: Callable[["RunResult"], "dict[str, Any] | None"]
+
+
+COLUMNS: list[Column] = [Column("top1", "top-1"), Column("balanced", "balanced"), Column("many", "many"),
+                         Column("medium", "medium"), Column("few", "few")]
+"""The report's columns, in order; another figure (a calibration error) is one more Column."""
+ROWS: list[Row] = [Row("best", lambda r: r.best), Row("last", lambda r: r.last)]
+"""The epochs each configuration is shown at, in order; another choice of epoch is one more Row."""
 STD_NOTE = "sample standard deviation (ddof 1) over seeds"
 FINISHED, RUNNING, FAILED = "finished", "running", "failed"
 _BUCKETS = {rundir.COMPLETED: FINISHED, rundir.RUNNING: RUNNING, rundir.QUEUED: RUNNING, rundir.REQUEUED: RUNNING}
@@ -144,40 +164,51 @@ def _stats(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": mean, "std": std, "n": len(values), "values": list(values)}
 
 
+def _seed_order(value: Any) -> tuple[int, Any]:
+    return (0, value) if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, str(value))
+
+
+def _configurations(results: Sequence[RunResult], config_keys: Sequence[str],
+                    seed_keys: Sequence[str]) -> list[list[RunResult]]:
+    """The runs grouped by configuration: configurations in sweep order (of their first point), each one's runs
+    by seed."""
+    groups: dict[str, list[RunResult]] = {}
+    for result in sorted(results, key=lambda r: order_key(r.run)):
+        groups.setdefault(json.dumps([result.config.get(k) for k in config_keys]), []).append(result)
+    return [sorted(members, key=lambda m: tuple(_seed_order(m.config.get(k)) for k in seed_keys))
+            for members in groups.values()]
+
+
+def _row(members: Sequence[RunResult], config_keys: Sequence[str], seed_keys: Sequence[str]) -> dict[str, Any]:
+    counts = {FINISHED: 0, RUNNING: 0, FAILED: 0}
+    states: dict[str, int] = {}
+    for m in members:
+        counts[_BUCKETS.get(m.state, FAILED)] += 1
+        states[m.state] = states.get(m.state, 0) + 1
+    row: dict[str, Any] = {
+        "config": {k: members[0].config.get(k) for k in config_keys},
+        "runs": [m.run.name for m in members],
+        "seeds": [{k: m.config.get(k) for k in seed_keys if k in m.config} for m in members],
+        "counts": counts, "states": states,
+        "epochs": [m.last["epoch"] if m.last else None for m in members],
+    }
+    for which in ROWS:
+        picked = [which.pick(m) for m in members]
+        row[which.name] = {c.key: _stats([float(p[c.key]) for p in picked if p is not None and p.get(c.key) is not None])
+                           for c in COLUMNS}
+    return row
+
+
 def summarise(results: Sequence[RunResult], seed_keys: Sequence[str] = ("train.seed",)) -> dict[str, Any]:
-    """The report as data (``--json``): the configurations, their runs, counts and statistics."""
+    """The report as data (``--json``): the configurations (in sweep order), their runs (by seed), counts and
+    statistics."""
     keys = sorted({k for r in results for k in r.config})
     varied = [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in results}) > 1]
     config_keys = [k for k in varied if k not in seed_keys]
-    groups: dict[str, list[RunResult]] = {}
-    for result in sorted(results, key=lambda r: r.run.name):
-        label = json.dumps([result.config.get(k) for k in config_keys])
-        groups.setdefault(label, []).append(result)
-    rows = []
-    for members in groups.values():
-        counts = {FINISHED: 0, RUNNING: 0, FAILED: 0}
-        states: dict[str, int] = {}
-        for m in members:
-            counts[_BUCKETS.get(m.state, FAILED)] += 1
-            states[m.state] = states.get(m.state, 0) + 1
-        row: dict[str, Any] = {
-            "config": {k: members[0].config.get(k) for k in config_keys},
-            "runs": [m.run.name for m in members],
-            "seeds": [{k: m.config.get(k) for k in seed_keys if k in m.config} for m in members],
-            "counts": counts, "states": states,
-            "epochs": [m.last["epoch"] if m.last else None for m in members],
-        }
-        for which in ("best", "last"):
-            row[which] = {metric: _stats([float(getattr_or(m, which, metric)) for m in members
-                                          if getattr_or(m, which, metric) is not None]) for metric in METRICS}
-        rows.append(row)
+    rows = [_row(members, config_keys, seed_keys) for members in _configurations(results, config_keys, seed_keys)]
     return {"runs": len(results), "config_keys": config_keys, "seed_keys": list(seed_keys),
-            "std": STD_NOTE, "unit": "fraction (text output: percent)", "configurations": rows}
-
-
-def getattr_or(result: RunResult, which: str, metric: str) -> float | None:
-    record = getattr(result, which)
-    return None if record is None else record.get(metric)
+            "std": STD_NOTE, "unit": "fraction (text output: percent)", "rows": [r.name for r in ROWS],
+            "columns": [c.key for c in COLUMNS], "configurations": rows}
 
 
 def _cell(stats: Mapping[str, Any]) -> str:
@@ -202,9 +233,10 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines += ["", label,
                   f"  {len(row['runs'])} run(s): {c[FINISHED]} finished, {c[RUNNING]} running, {c[FAILED]} failed; "
                   f"seeds {seed_values or '-'}; epochs {shown_epochs}",
-                  "  " + "epoch".ljust(6) + "".join(HEADERS[m].rjust(width) for m in METRICS)]
-        for which in ("best", "last"):
-            lines.append("  " + which.ljust(6) + "".join(_cell(row[which][m]).rjust(width) for m in METRICS))
+                  "  " + "epoch".ljust(6) + "".join(col.header.rjust(width) for col in COLUMNS)]
+        for which in ROWS:
+            lines.append("  " + which.name.ljust(6) + "".join(_cell(row[which.name][col.key]).rjust(width)
+                                                              for col in COLUMNS))
     return "\n".join(lines) + "\n"
 
 
@@ -212,41 +244,49 @@ def _value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def plot(results: Sequence[RunResult], report: Mapping[str, Any], path: Path) -> None:
-    """Per-class accuracy (best epoch, mean over seeds) against training images, one line per configuration."""
-    try:
-        import matplotlib
+def curves(results: Sequence[RunResult], report: Mapping[str, Any]) -> tuple[list[Any], list[str]]:
+    """Per configuration, per-class accuracy (%) at the best epoch over its seeds (mean, sample std), and the
+    configurations that have no finished run with per-class figures (left out of the picture, and named)."""
+    from .plots import Curve
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot needs matplotlib: pip install 'hpc-train[plot]'") from None
     by_name = {r.run.name: r for r in results}
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    drawn, left_out = [], []
     for row in report["configurations"]:
-        members = [by_name[n] for n in row["runs"] if by_name[n].best and by_name[n].train_counts]
+        label = ", ".join(f"{k.split('.', 1)[-1]}={_value(v)}" for k, v in row["config"].items()) or "all runs"
+        members = [by_name[n] for n in row["runs"] if by_name[n].best and by_name[n].train_counts
+                   and by_name[n].state == rundir.COMPLETED]
         if not members:
+            states = ", ".join(f"{n} {state}" for state, n in row["states"].items())
+            left_out.append(f"{label} ({states})")
             continue
         counts = members[0].train_counts
-        per_class = [_mean_or_none(m.best.get("per_class", [None] * len(counts))[i] for m in members)
-                     for i in range(len(counts))]
-        pairs = sorted((n, 100 * a) for n, a in zip(counts, per_class) if a is not None)
-        label = ", ".join(f"{k.split('.', 1)[-1]}={_value(v)}" for k, v in row["config"].items()) or "runs"
-        ax.plot([p[0] for p in pairs], [p[1] for p in pairs], marker="o", ms=3, label=f"{label} (n={len(members)})")
-    ax.set_xscale("log")
-    ax.set_xlabel("training images of the class")
-    ax.set_ylabel("test accuracy (%), best epoch, mean over seeds")
-    ax.set_ylim(-2, 102)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+        points = []
+        for i, count in enumerate(counts):
+            values = [100 * m.best["per_class"][i] for m in members
+                      if len(m.best.get("per_class") or []) > i and m.best["per_class"][i] is not None]
+            if values:
+                points.append((count, statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None))
+        drawn.append(Curve(label, len(members), tuple(sorted(points))))
+    return drawn, left_out
+
+
+def plot(results: Sequence[RunResult], report: Mapping[str, Any], path: Path) -> None:
+    """Per-class accuracy at the best epoch against training images: a line per configuration (mean over seeds)
+    in a band of ± one sample std, the many / medium / few regions, a title saying so, and the configurations
+    that could not be drawn named beneath."""
     try:
-        fig.savefig(path)
+        from . import plots
+
+        plots.pyplot()
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'hpc-train[plot]'") from None
+    drawn, left_out = curves(results, report)
+    seeds = ", ".join(report["seed_keys"])
+    title = (f"per-class test accuracy at the best epoch: mean ± sample std over {seeds}\n"
+             f"{sum(c.seeds for c in drawn)} finished run(s) in {len(drawn)} of {len(report['configurations'])} "
+             "configuration(s)")
+    figure = plots.sweep_figure(drawn, left_out, title)
+    try:
+        plots.save(figure, path)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-
-
-def _mean_or_none(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.fmean(present) if present else None

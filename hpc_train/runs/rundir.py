@@ -187,8 +187,10 @@ def instance_of(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
 def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
     """The state after a sequence of state lines (see the module docstring).
 
-    A line of another launch than the current one starts afresh (a requeue, a continuation); within a
-    launch the first failure is the reason, a cancel is final, and the exit code says how it ended."""
+    A line of another launch than the current one starts afresh (a requeue, a continuation), and so does a
+    ``queued`` line after the run ended (``submit --resume`` of a cancelled or preempted run: its launch has not
+    started yet); within a launch the first failure is the reason, a cancel is final, and the exit code says
+    how it ended."""
     state: str | None = None
     reason, exit_code, restart, updated, instance = "", None, 0, "", None
     progress: dict[str, Any] = {}
@@ -200,7 +202,8 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
             instance, restart = event["instance"], int(event.get("restart") or 0)
             state, reason, exit_code = RUNNING, "", None
         if name == QUEUED:
-            state = state or QUEUED
+            if state is None or state in FINAL_STATES:  # a new job continues an ended run (--resume, --chain)
+                state, reason, exit_code = QUEUED, "", None
         elif name == CANCELLED:
             state, reason = CANCELLED, str(event.get("reason", ""))
         elif state in (CANCELLED,) and event.get("instance") in (None, instance):

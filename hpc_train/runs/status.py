@@ -36,6 +36,8 @@ def reconcile(run: rundir.RunState, job: slurm_cli.JobState | None) -> tuple[str
     if job is None or job.state == "UNKNOWN":
         if run.state is None:
             return "unknown", job.reason if job else "nothing recorded"
+        if job is not None and job.reason == slurm_cli.NO_SLURM and not run.final:  # cannot be told here
+            return "unknown", f"{slurm_cli.NO_SLURM} (last recorded: {run.state})"
         return run.state, run.reason
     if job.active:
         if run.state == rundir.CANCELLED:
@@ -127,6 +129,13 @@ def run_state(run: Run, job: slurm_cli.JobState | None = None,
     if run.cluster == "local":
         return _local_state(run, recorded)
     return reconcile(recorded, job or slurm_cli.job_state(run.job_id))
+
+
+STATUS_FIELDS = ("run", "job_id", "cluster", "run_dir", "slurm_state", "source", "elapsed", "nodes",
+                 "slurm_exit_code", "slurm_reason", "state", "reason", "exit_code", "restarts", "first_failure",
+                 "progress", "hint")
+"""Every field of ``status --json`` for one run, in its order (those without a value are left out; the README
+lists them, and a test ties the two)."""
 
 
 def run_status(run: Run, job: slurm_cli.JobState | None = None) -> dict[str, Any]:

@@ -23,6 +23,8 @@ ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "R
 """The job is still Slurm's business (queued, running, or about to run again)."""
 
 SQUEUE_FORMAT = "%i|%T|%r|%M|%N"
+NO_SLURM = "no Slurm here"
+"""The reason of a job's UNKNOWN state where no Slurm client is on PATH."""
 SACCT_FIELDS = "JobID,State,ExitCode,Elapsed,NodeList,Reason"
 
 
@@ -124,10 +126,12 @@ def job_states(job_ids: Sequence[str]) -> dict[str, JobState]:
     """Each job's state from one squeue call, then one sacct call for those no longer queued (a report
     over a sweep of 200 runs asks slurmctld twice, not 400 times). A failing squeue is an error with its
     own message (SubmitError, exit 2); a failing or absent sacct gives UNKNOWN with sacct's own words as
-    the reason."""
+    the reason; without squeue on PATH every job is UNKNOWN, "no Slurm here"."""
     wanted = list(dict.fromkeys(job_ids))
     if not wanted:
         return {}
+    if shutil.which("squeue") is None:  # runs read here from a copy of the runs directory, or a laptop
+        return {j: JobState(j, "UNKNOWN", reason=NO_SLURM) for j in wanted}
     queued = run_command(["squeue", "-h", "-j", ",".join(wanted), "-o", SQUEUE_FORMAT], check=False)
     message = slurm_message(queued.stderr)
     # A single unknown id is an error to squeue ("Invalid job id specified"); in a list it is left out.

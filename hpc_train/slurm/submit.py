@@ -20,8 +20,10 @@ from ..config import JobSources, JobSpec, Resolved, dump_yaml
 from ..errors import HpcTrainError, JobFailedError, SubmitError
 from ..render import LaunchSpec, array_tasks, render_sbatch
 from ..runs import rundir
-from ..runs.index import load_run, register
+from ..runs.index import check_writable, load_run, register
 from ..runs.status import follow_logs, is_over, run_status
+from ..runs.status_lines import not_completed_message
+from ..runs.sweeps import sweep_status
 from ..runs.submission import (Cluster, SubmitResult, choose_cluster, code_snapshot, continue_run_record,
                                resolve_python, run_record, submission_facts, write_run_files)
 from ..runs.undo import Created
@@ -239,6 +241,7 @@ def submit(resolved: Resolved, *, cluster: Cluster = "auto", cwd: Path | None = 
     record the submit directory's code (git SHA, uncommitted diff) in each new run directory.
     """
     chosen, note = choose_cluster(cluster, resolved.spec)
+    check_writable()
     code = code_snapshot((cwd or Path.cwd()).resolve()) if snapshot else None
     if snapshot and code is None:
         note = "; ".join(n for n in (note, "--snapshot: the submit directory is not in a git repository") if n)
@@ -267,26 +270,31 @@ def stream_rank0(result: SubmitResult, echo: Callable[[str], Any], poll_s: float
 
 
 def wait_for(result: SubmitResult, poll_s: float = WAIT_POLL_S) -> list[dict[str, Any]]:
-    """Block until every run of the submission has ended; an error saying why when one did not complete:
-    exit 2 when a rank refused its configuration or data (its own message), else exit 1."""
+    """Block until every run of the submission has ended; an error saying why when one did not complete (a
+    sweep: every point that did not): exit 2 when each refused its configuration or data (a rank's own
+    message), else exit 1."""
     from ..local.submit import is_alive
 
-    statuses = []
-    for run_dir in result.run_dirs:
-        run = load_run(Path(run_dir))
+    statuses, runs = [], [load_run(Path(d)) for d in result.run_dirs]
+    for run in runs:
         pid = int(run.record.get("launcher_pid") or 0)
         # A local launcher may still have launches of this run to go (a chain); Slurm shows a chain's next
         # job in squeue, which keeps the run queued.
         while not is_over(run) or (pid and is_alive(pid)):
             time.sleep(poll_s)
-        status = run_status(run)
-        statuses.append(status)
-        if status["state"] != rundir.COMPLETED:
-            why = "; ".join(dict.fromkeys(w for w in (status.get("reason"), status.get("first_failure")) if w))
-            why = why or status["state"]
-            hint = f"see `hpc-train logs {run.name}`"
-            error = JobFailedError(f"{run.name} {status['state']}: {why}\n{status.get('hint') or hint}")
-            if status.get("exit_code") == rundir.EXIT_BAD_INPUT:
-                error.exit_code = rundir.EXIT_BAD_INPUT
-            raise error
-    return statuses
+        statuses.append(run_status(run))
+    missed = [s for s in statuses if s["state"] != rundir.COMPLETED]
+    if not missed:
+        return statuses
+    if len(runs) > 1:
+        message = not_completed_message(sweep_status(runs[0], statuses))
+        hint = f"see `hpc-train status {result.run_name}` and `hpc-train logs RUN` of each"
+    else:
+        (status,) = missed
+        why = "; ".join(dict.fromkeys(w for w in (status.get("reason"), status.get("first_failure")) if w))
+        message = f"{status['run']} {status['state']}: {why or status['state']}"
+        hint = status.get("hint") or f"see `hpc-train logs {status['run']}`"
+    error = JobFailedError(f"{message}\n{hint}")
+    if all(s.get("exit_code") == rundir.EXIT_BAD_INPUT for s in missed):
+        error.exit_code = rundir.EXIT_BAD_INPUT
+    raise error

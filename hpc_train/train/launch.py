@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ..config import JobSpec, dump_yaml
 from ..config.batchnorm import decide as batchnorm_decision
+from ..config.plugins import is_import_path
 from ..errors import ConfigError
 from ..rank import preempt
 from ..rank.dist import DistEnv, init_process_group
@@ -199,7 +200,12 @@ def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
     world = spec.slurm.world_size if (env.source == "single" and t.strategy == "ddp") else env.world_size
     data = datasets.load(t.data, download_ok=False)
     model = init_model(t, data)
-    build_loss(t.loss, [int(c) for c in data.train_counts])
+    counts = [int(c) for c in data.train_counts]
+    build_loss(t.loss, counts)
+    if is_import_path(t.loss.name):  # a plug-in loss must give per-sample values (exit 2 otherwise)
+        from .model.plugins import probe_loss
+
+        probe_loss(t.loss, counts)
     steps = stage_sampler(t, data.train.labels, data.num_classes, "main").steps_per_epoch(t.batch_size)
     crt_steps = (stage_sampler(t, data.train.labels, data.num_classes, "crt").steps_per_epoch(t.batch_size)
                  if t.two_stage.crt_epochs else 0)

@@ -92,7 +92,9 @@ def py2_pickle(obj: dict[str, Any]) -> bytes:
 
 
 def _dump(path: Path, obj: dict[str, Any], py2: bool) -> None:
-    path.write_bytes(py2_pickle(obj) if py2 else pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    # Python 3: the protocol pickle.dump writes by default (4; HIGHEST_PROTOCOL, 5, stores arrays through
+    # numpy's _frombuffer, a name no CIFAR file holds and the loader refuses).
+    path.write_bytes(py2_pickle(obj) if py2 else pickle.dumps(obj, protocol=4))
 
 
 def make_arrays(num_classes: int, train_per_class: int, test_per_class: int, seed: int):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -44,11 +44,51 @@ CIFAR_LAYOUT = {
 }
 
 
+def _numpy_reconstruct() -> Callable[..., np.ndarray]:
+    try:  # numpy 2 moved numpy.core to numpy._core (and pickles under that name)
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1
+        from numpy.core.multiarray import _reconstruct
+    return _reconstruct
+
+
+_CIFAR_GLOBALS: dict[tuple[str, str], Callable[[], object]] = {
+    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct,  # the same function, as numpy 2 names it
+    ("numpy", "ndarray"): lambda: np.ndarray,
+    ("numpy", "dtype"): lambda: np.dtype,
+}
+"""Every global the official CIFAR files name (Python 2 numpy's array reconstruction); containers, bytes, text
+and numbers need none. A file that names anything else is not one of them."""
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """A data file is data: this unpickler builds dicts, lists, bytes, str, numbers and numpy arrays, and refuses
+    (before calling it) any other callable a pickle names — ``os.system``, ``builtins.eval``, a numpy gadget."""
+
+    def __init__(self, handle: Any, path: Path) -> None:
+        super().__init__(handle, encoding="latin1")
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = _CIFAR_GLOBALS.get((module, name))
+        if found is None:
+            raise DataError(f"{self.path} asks to load {module}.{name}, which no CIFAR file holds; it was not read "
+                            "(a data file is data, never code): re-extract the official archive")
+        return found()
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("a CIFAR file has no persistent references")
+
+
 def _unpickle(path: Path) -> dict:
     # The official files are Python-2 pickles: latin1 turns their byte strings into str keys and keeps
     # the pixel bytes intact (encoding="bytes" would give b"data" keys instead).
     with open(path, "rb") as f:
-        obj = pickle.load(f, encoding="latin1")  # noqa: S301 - the official data format is pickle
+        try:
+            obj = _CifarUnpickler(f, path).load()
+        except MemoryError:
+            raise DataError(f"{path} asks for more memory than a CIFAR file holds; re-extract the official archive") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a dict, got {type(obj).__name__}")
     return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
@@ -106,11 +146,14 @@ def load_cifar_lt(cfg: DataConfig, *, download_ok: bool = True) -> DataSource:
 
 
 def _download_cifar(name: str, root: Path) -> None:
+    """The official archive, checked against torchvision's MD5 and extracted; read by :func:`_unpickle` like any
+    other (building torchvision's data set class would load the files with a plain ``pickle.load``)."""
     from torchvision import datasets  # only when download: true
+    from torchvision.datasets.utils import download_and_extract_archive
 
     cls = datasets.CIFAR10 if name == "cifar10-lt" else datasets.CIFAR100
     try:
-        cls(str(root), train=True, download=True)
+        download_and_extract_archive(cls.url, str(root), filename=cls.filename, md5=cls.tgz_md5)
     except Exception as exc:  # network errors come in many types
         raise DataError(f"{name}: download into {root} failed ({exc}); fetch the archive by hand") from None
 

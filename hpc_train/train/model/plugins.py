@@ -75,6 +75,30 @@ def build_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1):
     return Plugin()
 
 
+PROBE_BATCH = 4
+
+
+def probe_loss(cfg: LossConfig, counts: Sequence[int]) -> str:
+    """Build a plug-in loss and call it on a batch of :data:`PROBE_BATCH` random logits, as the trainer does: it
+    must give per-sample values of shape ``(batch,)`` (a scalar — a mean over the batch — is refused, exit 2:
+    the trainer normalises over the global batch). Returns what it checked, for the dry run's line."""
+    import torch
+
+    loss = build_loss(cfg, counts)
+    classes = len(counts)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(PROBE_BATCH, classes, generator=generator)
+    target = torch.arange(PROBE_BATCH) % classes
+    try:
+        loss.per_sample(logits, target)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code: any failure is a configuration error
+        raise ConfigError(f"train.loss.name: {cfg.name} fails on a batch of {PROBE_BATCH} CPU logits "
+                          f"({type(exc).__name__}: {exc})") from None
+    return f"called on {PROBE_BATCH} x {classes} logits: per-sample values of shape ({PROBE_BATCH},)"
+
+
 def load_data(cfg: DataConfig):
     from ..data.datasets import DataSource
 

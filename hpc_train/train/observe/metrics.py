@@ -79,26 +79,13 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def plot_per_class(path: Path, per_class: Sequence[float | None], train_counts: Sequence[int], title: str) -> bool:
-    """PNG of per-class accuracy against training count (log x); False when matplotlib is missing."""
-    try:
-        import matplotlib
+    """PNG of per-class accuracy against training count (log x; the groups shaded and named, a legend, ``title``
+    saying which epoch: :mod:`hpc_train.runs.plots`); False when matplotlib is missing."""
+    from ...runs import plots
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:
+        figure = plots.per_class_figure(per_class, [int(n) for n in train_counts], title)
     except ImportError:
         return False
-    xs = [n for n, a in zip(train_counts, per_class) if a is not None]
-    ys = [100 * a for a in per_class if a is not None]
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    ax.scatter(xs, ys, s=14)
-    ax.set_xscale("log")
-    ax.axvline(FEW_BELOW, color="grey", ls=":", lw=1)
-    ax.axvline(MANY_ABOVE, color="grey", ls=":", lw=1)
-    ax.set_xlabel("training images of the class")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_ylim(-2, 102)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    plots.save(figure, path)
     return True

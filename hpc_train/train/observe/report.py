@@ -212,7 +212,8 @@ def finish(*, run_dir: Path, data_name: str, num_classes: int, total_epochs: int
     print(summary["end_line"], flush=True)
     final = tau_record or last
     if final is not None:
+        which = f"tau-normalised (tau {final['tau']:.1f})" if tau_record else f"last epoch ({final['epoch']})"
         plot_per_class(run_dir / "per_class_accuracy.png", final["per_class"], counts,
-                       f"{data_name}: per-class accuracy ({final['phase']})")
+                       f"{data_name}: per-class test accuracy, {which}, {final['phase']} phase")
     (run_dir / rundir.SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary

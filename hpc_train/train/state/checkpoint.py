@@ -8,7 +8,9 @@ plain containers, numbers, strings and tensors go in — RNG states too, as tens
 
 Names are ``checkpoints/ckpt-<global step, 10 digits>.pt``: the newest is the largest step. Loading tries
 the newest and falls back to older ones, with a warning, when a file does not load (a truncated file
-from a full disk, a filesystem hiccup).
+from a full disk, a filesystem hiccup). When there are checkpoint files and none of them loads, the run
+cannot continue, and never silently starts over: :class:`UnreadableCheckpoints` (exit 2) names them (a
+fresh start is a new run, not a fallback).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ...errors import HpcTrainError
 
 log = logging.getLogger("hpc_train.train")
 
@@ -68,8 +72,25 @@ def save_atomic(state: dict[str, Any], path: Path) -> None:
         pass
 
 
+class UnreadableCheckpoints(HpcTrainError):
+    """A run has checkpoint files and none of them loads: it cannot continue (exit 2, naming them)."""
+
+
+def why_unreadable(exc: BaseException) -> str:
+    """Why a checkpoint did not load, in one line: for torch's weights-only refusal the line that says what the
+    file asked for (its advice to load it with ``weights_only=False``, which would run its code, is left out)."""
+    text = str(exc)
+    if "Weights only load failed" in text:
+        noise = ("Weights only load failed", "Please file an issue", "Check the documentation", "WeightsUnpickler error")
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(noise)]
+        return "not a weights-only checkpoint" + (f" ({lines[0]})" if lines else "")
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
 def load_latest(run_dir: Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], Path] | None:
-    """The newest checkpoint that loads; older ones are tried (with a warning) when it does not."""
+    """The newest checkpoint that loads; older ones are tried (with a warning) when it does not. None when the
+    run has no checkpoint; :class:`UnreadableCheckpoints` when it has some and none loads."""
+    failures = []
     for path in list_checkpoints(run_dir):
         try:
             state = torch.load(path, map_location=map_location, weights_only=True)
@@ -77,8 +98,13 @@ def load_latest(run_dir: Path, map_location: str | torch.device = "cpu") -> tupl
                 raise ValueError("not an hpc-train checkpoint")
             return state, path
         except Exception as exc:  # noqa: BLE001 - any failure to read means: try the previous one
-            log.warning("checkpoint %s is unreadable (%s: %s); falling back to the previous one",
-                        path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            failures.append(f"{path.name}: {why_unreadable(exc)}")
+            log.warning("checkpoint %s is unreadable (%s); trying the previous one", path, why_unreadable(exc))
+    if failures:
+        shown = "; ".join(failures[:3]) + (f"; and {len(failures) - 3} more" if len(failures) > 3 else "")
+        raise UnreadableCheckpoints(
+            f"{checkpoint_dir(run_dir)}: none of its {len(failures)} checkpoint(s) can be read ({shown}); the run "
+            "cannot continue from them: restore them, or start a new run (another run directory)")
     return None
 
 

@@ -1,0 +1,77 @@
+"""``hpc-train status`` as people read it: one line per run, one line per sweep. Each line is its name, its id,
+its state, then a list of :class:`Part`\\ s — each a field of the ``--json`` data and how it reads — so that
+another view of a run (GPU-hours, stragglers, a hung rank) is one more part, not another format string.
+
+Accuracy is percent here (``top1=81.2%``), as the logs and ``report`` print it; ``--json`` keeps fractions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .sweeps import SweepStatus
+
+PERCENT_KEYS = ("top1", "balanced", "many", "medium", "few")
+"""Progress figures that are fractions in the data and percent in the line."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a status line: the field it shows, and its text (None: nothing to show for this row)."""
+
+    key: str
+    text: Callable[[Mapping[str, Any]], str | None]
+
+
+def _field(key: str, label: str | None = None) -> Part:
+    shown = label or key.replace("_", " ")
+    return Part(key, lambda row: f"{shown} {row[key]}" if row.get(key) not in (None, "") else None)
+
+
+def _progress(row: Mapping[str, Any]) -> str | None:
+    figures = row.get("progress") or {}
+    return " ".join(f"{k}={100 * v:.1f}%" if k in PERCENT_KEYS and isinstance(v, (int, float)) else f"{k}={v}"
+                    for k, v in figures.items()) or None
+
+
+RUN_PARTS: list[Part] = [
+    _field("reason"), _field("slurm_state"), _field("elapsed"), _field("nodes"), _field("exit_code"),
+    _field("restarts"), _field("first_failure"), _field("hint"), Part("progress", _progress),
+]
+"""What follows a run's name, job id and state, in this order."""
+
+
+def _counts(sweep: Mapping[str, Any]) -> str:
+    return ", ".join(f"{n} {state}" for state, n in sweep["counts"].items())
+
+
+def _not_completed(sweep: Mapping[str, Any], shown: int = 5) -> str | None:
+    names = [row["run"].rsplit("/", 1)[-1] + f" {row['state']}" for row in sweep["runs"]
+             if row["run"] in sweep["not_completed"]]
+    if not names:
+        return None
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return "did not complete: " + ", ".join(names[:shown]) + more
+
+
+SWEEP_PARTS: list[Part] = [Part("counts", _counts), Part("not_completed", _not_completed)]
+"""What follows a sweep's name, job id and point count, in this order."""
+
+
+def run_line(row: Mapping[str, Any]) -> str:
+    extra = [text for part in RUN_PARTS if (text := part.text(row))]
+    return f"{row['run']}  job {row['job_id']}  {row['state']}" + (f"  ({', '.join(extra)})" if extra else "")
+
+
+def sweep_line(sweep: SweepStatus | Mapping[str, Any]) -> str:
+    data = sweep.to_dict() if isinstance(sweep, SweepStatus) else sweep
+    extra = [text for part in SWEEP_PARTS if (text := part.text(data))]
+    return f"{data['sweep']}  job {data['job_id']}  {data['points']} point(s): " + "; ".join(extra)
+
+
+def not_completed_message(sweep: SweepStatus) -> str:
+    """``submit --wait`` of a sweep: every point that did not complete, and why (one line)."""
+    missed = sweep.not_completed()
+    why = [f"{row['run']} {row['state']}" + (f" ({row['reason']})" if row.get("reason") else "") for row in missed]
+    return f"{sweep.name}: {len(missed)} of {len(sweep.runs)} point(s) did not complete: " + "; ".join(why)

@@ -1,0 +1,257 @@
+"""What a shell does with a character of a job value where it lands, and with the commands values end up in.
+
+A job value must be inert where it lands: bash must neither expand it (``$( )``, backquotes, ``${ }``,
+arithmetic, globs, word splitting), nor read it as syntax (an operator, the end of a quote, a heredoc or a
+comment), nor run it as code (``eval``, ``bash -c``, ``trap``, a shell reading a heredoc), nor let it name a
+variable or a shell builtin. Each rule here refuses, with :class:`Unsafe`, the first character or command that
+breaks this; :mod:`.lexer` finds the context every character is read in.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from .marks import RAW, Origin
+
+if TYPE_CHECKING:
+    from .lexer import Command, Word
+
+PLAIN = frozenset(string.ascii_letters + string.digits + "_@%+=:,./-")
+"""shlex.quote's own safe characters: inert unquoted, in double quotes and in a heredoc."""
+IDENTIFIER = frozenset(string.ascii_letters + string.digits + "_")
+DIGITS = frozenset(string.digits)
+BLANKS = frozenset(" \t")
+
+KEYWORDS = frozenset("if then else elif fi case esac for select while until do done in function time coproc "
+                     "{ } ! [[ ]]".split())
+BUILTINS = frozenset(". : [ alias bg bind break builtin caller cd command compgen complete compopt continue declare "
+                     "dirs disown echo enable eval exec exit export false fc fg getopts hash help history jobs kill "
+                     "let local logout mapfile popd printf pushd pwd read readarray readonly return set shift "
+                     "shopt source suspend test times trap true type typeset ulimit umask unalias unset wait".split())
+SHELLS = frozenset("bash sh dash zsh ksh mksh ash busybox".split())
+_LEADING = frozenset("if then else elif do while until ! { time".split())
+_ENDING = frozenset("fi done esac }".split())
+_DECLARE = frozenset("declare typeset local readonly export".split())
+_NAMES = frozenset("read unset mapfile readarray".split())
+_ARITH_TESTS = frozenset("-eq -ne -lt -le -gt -ge".split())
+
+# Where a character is read (the lexer's context names), and what that means for a job value there.
+WHERE = {
+    "code": "unquoted, where the shell splits, globs and expands it",
+    "sq": "inside single quotes, which its quote would end",
+    "dq": "inside double quotes, where $( ), backquotes and ${ } still run",
+    "ansic": "inside $'...'",
+    "param_name": "as the name of a ${...} expansion",
+    "param_word": "inside a ${...} expansion",
+    "arith": "in arithmetic ($(( )), (( )), let, [[ -eq ]], an array index), where a name is evaluated as code",
+    "backtick": "inside backquotes, which run it",
+    "comment": "in a comment, which its newline would end",
+    "heredoc": "in an unquoted heredoc (<<EOF), where $( ), backquotes and ${ } still run",
+    "sbatch": "on an #SBATCH line, where sbatch splits and unquotes options",
+    "sbatch'": "inside quotes on an #SBATCH line",
+    'sbatch"': "inside quotes on an #SBATCH line",
+}
+
+
+class Unsafe(Exception):
+    """A job value lands where a shell would expand, parse or run it; ``where`` says how it lands."""
+
+    def __init__(self, origin: Origin, where: str) -> None:
+        super().__init__(where)
+        self.origin, self.where = origin, where
+
+
+def check_char(ch: str, origin: Origin, context: str) -> None:
+    """One character of a job value, read in ``context`` (a key of :data:`WHERE`)."""
+    if not _inert(ch, origin.kind == RAW, context):
+        raise Unsafe(origin, WHERE[context])
+
+
+def _inert(ch: str, raw: bool, context: str) -> bool:
+    if context == "code":  # a quoting filter's output may open and close its own quotes and separate words
+        return ch in PLAIN or (not raw and (ch in BLANKS or ch in "'\""))
+    if context == "sq":
+        return ch != "'" or not raw
+    if context in ("dq", "heredoc"):
+        return ch not in "$`\\" and (ch != '"' or not raw or context == "heredoc")
+    if context == "ansic":
+        return ch not in "'\\"
+    if context == "param_word":
+        return ch in PLAIN
+    if context == "arith":
+        return ch in DIGITS
+    if context == "comment":
+        return ch != "\n"
+    if context == "sbatch":
+        return ch in PLAIN or (not raw and ch in "'\"")
+    if context in ("sbatch'", 'sbatch"'):  # a backslash that escapes the closing quote leaves it open: unbalanced
+        return ch != "\n" and (ch != context[-1] or not raw)
+    return False  # param_name, backtick: no job value belongs there
+
+
+def unbalanced(origin: Origin) -> Unsafe:
+    return Unsafe(origin, "with quotes that do not close where they open")
+
+
+# --------------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------------
+
+Relex = Callable[[Sequence[tuple[str, "Origin | None"]], str], None]
+"""Read characters (with their origins) as a script of their own: ``(chars, what runs them)``."""
+
+
+def _first_origin(word: "Word", allowed: frozenset[str] = frozenset()) -> Origin | None:
+    """The origin of the first job character of ``word`` outside ``allowed`` (None: there is none)."""
+    for ch, origin, _quoted in word.chars:
+        if origin is not None and ch not in allowed:
+            return origin
+    return None
+
+
+def _refuse_in(word: "Word", allowed: frozenset[str], where: str) -> None:
+    origin = _first_origin(word, allowed)
+    if origin is not None:
+        raise Unsafe(origin, where)
+
+
+def check_command(command: "Command", relex: Relex) -> None:
+    """A simple command: its assignments, its command word and what its arguments become."""
+    words = list(command.words)
+    while words and not words[0].tainted and words[0].literal in _LEADING | _ENDING:
+        words.pop(0)
+    while words and words[0].assignment_name is not None:
+        _refuse_in(words[0].name_part, frozenset(), "as the name of a variable it assigns")
+        words.pop(0)
+    if not words:
+        return
+    _check_command_word(words[0])
+    _check_arguments(words, command, relex)
+
+
+_WRAPPERS = frozenset("command builtin exec nohup env time sudo timeout nice stdbuf taskset numactl".split())
+
+
+def programs(command: "Command") -> list[str]:
+    """The programs a simple command runs: its command word, and the one a wrapper (exec, env, nohup ...) runs."""
+    words = [w for w in command.words if not (not w.tainted and w.literal in _LEADING | _ENDING)]
+    words = [w for w in words if w.assignment_name is None] if words and words[0].assignment_name else words
+    found = []
+    for word in words:
+        if word.literal.startswith("-") or word.assignment_name is not None:
+            continue
+        found.append(_program(word))
+        if found[-1] not in _WRAPPERS:
+            break
+    return found
+
+
+def _check_command_word(word: "Word") -> None:
+    origin = _first_origin(word)
+    if origin is None:
+        return
+    name = word.literal
+    if word.dynamic:
+        raise Unsafe(origin, "where the shell runs a command whose name it builds from an expansion")
+    raw = next((o for _, o, _ in word.chars if o is not None and o.kind == RAW), None)
+    if raw is not None:  # a program a template runs on purpose is quoted as a word (`{{ python | shquote }} -m ...`)
+        raise Unsafe(raw, "where the shell runs a command, with no quoting filter saying it names a program")
+    if name in KEYWORDS or name in BUILTINS:
+        kind = "keyword" if name in KEYWORDS else "builtin"
+        raise Unsafe(origin, f"where the shell runs a command, as the shell {kind} {name!r}")
+
+
+def _program(word: "Word") -> str:
+    return word.literal.rsplit("/", 1)[-1]
+
+
+def _check_arguments(words: list["Word"], command: "Command", relex: Relex) -> None:
+    name, args = _program(words[0]), words[1:]
+    if name in ("command", "builtin", "exec", "nohup", "env", "time") and args:
+        rest = [w for w in args if not w.literal.startswith("-") and w.assignment_name is None]
+        if rest:
+            check_command(command.with_words(rest), relex)
+        return
+    if name == "eval":
+        relex(_joined(args), "eval")
+    elif name == "trap":
+        actions = [w for w in args if not w.literal.startswith("-")]
+        if actions and len(actions) > 1:
+            relex(actions[0].chars_with_origins(), "trap")
+    elif name == "let":
+        for word in args:
+            _refuse_in(word, DIGITS, WHERE["arith"])
+    elif name in _DECLARE:
+        _check_declare(args)
+    elif name in _NAMES:
+        for word in args:
+            if not word.literal.startswith("-"):
+                _refuse_in(word, IDENTIFIER, "as the name of a variable")
+    elif name in ("printf", "wait", "test", "["):
+        flag = {"printf": "-v", "wait": "-p"}.get(name, "-v")
+        for before, word in zip(args, args[1:]):
+            if before.literal == flag and not before.tainted:
+                _refuse_in(word, IDENTIFIER, "as the name of a variable")
+    elif name in ("source", ".") and (not args or args[0].literal in ("/dev/stdin", "-")):
+        _stdin_is_code(command, relex, name)
+    _check_shells(words, command, relex)
+
+
+def _joined(words: Sequence["Word"]) -> list[tuple[str, Origin | None]]:
+    chars: list[tuple[str, Origin | None]] = []
+    for i, word in enumerate(words):
+        if i:
+            chars.append((" ", None))
+        chars.extend(word.chars_with_origins())
+    return chars
+
+
+def _check_declare(args: Sequence["Word"]) -> None:
+    options = "".join(w.literal[1:] for w in args if w.literal.startswith("-") and not w.tainted)
+    for word in args:
+        if word.literal.startswith(("-", "+")) and not word.tainted:
+            continue
+        _refuse_in(word.name_part, IDENTIFIER, "as the name of a variable")
+        if "i" in options:
+            _refuse_in(word.value_part, DIGITS, WHERE["arith"])
+        elif "n" in options:
+            _refuse_in(word.value_part, IDENTIFIER, "as the name of a variable (a nameref)")
+
+
+def _check_shells(words: Sequence["Word"], command: "Command", relex: Relex) -> None:
+    """``bash -c CODE`` anywhere in the command (after srun, sudo, xargs ...), and a shell reading its code
+    from a heredoc or here-string."""
+    for at, word in enumerate(words):
+        if word.tainted or _program(word) not in SHELLS:
+            continue
+        rest = words[at + 1:]
+        for i, option in enumerate(rest):
+            text = option.literal
+            if option.tainted or not text.startswith("-") or text == "--":
+                break
+            if not text.startswith("--") and "c" in text[1:]:
+                if i + 1 < len(rest):
+                    relex(rest[i + 1].chars_with_origins(), f"{_program(word)} -c")
+                return
+        operands = [w for w in rest if not w.literal.startswith("-")]
+        if not operands or operands[0].literal in ("/dev/stdin", "-"):
+            _stdin_is_code(command, relex, _program(word))
+        return
+
+
+def _stdin_is_code(command: "Command", relex: Relex, reader: str) -> None:
+    for heredoc in command.heredocs:
+        relex(heredoc.body, f"{reader} reading a heredoc")
+    for word in command.herestrings:
+        relex(word.chars_with_origins(), f"{reader} reading a here-string")
+
+
+def check_double_brackets(words: Sequence["Word"]) -> None:
+    """``[[ ... ]]``: the operands of -eq/-lt/... are evaluated as arithmetic, quoted or not; ``-v NAME`` too."""
+    for before, word, after in zip([None, *words], words, [*words[1:], None]):
+        operators = {w.literal for w in (before, after) if w is not None and not w.tainted}
+        if operators & _ARITH_TESTS:
+            _refuse_in(word, DIGITS, WHERE["arith"])
+        if before is not None and before.literal == "-v" and not before.tainted:
+            _refuse_in(word, IDENTIFIER, "as the name of a variable")

@@ -1,0 +1,147 @@
+"""Job values never execute, wherever a site template puts them (issue 19, item 1): the render reads the script
+as bash reads it and refuses, naming the template file and line, a value that lands where a shell would expand,
+parse or run it — whatever filter was applied.
+
+Each hostile case is shown to be real: rendered with the check switched off, the script run by bash creates the
+marker file (a value the old finalizer let through, because a filter was applied or it was a plain word).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpc_train import render
+from hpc_train.config import SiteConfig, resolve_job
+from hpc_train.errors import TemplateError
+from hpc_train.render import render_sbatch
+from tests.cli_helpers import assert_refused, cli, tree
+
+NO_SITE = SiteConfig(path=None, defaults={}, template_dirs=())
+P = "gpu$(touch P)"
+INDEXED = "a[$(touch P)]"  # an array index: bash evaluates it as arithmetic, and runs the $( ) in it
+
+# (id, template lines after #!/bin/bash, --set values, the line refused, whether bash runs it unchecked)
+HOSTILE = [
+    ("double-quotes-shquote", ['echo "p: {{ job.slurm.partition | shquote }}"'], [f"slurm.partition={P}"], 2, True),
+    ("double-quotes-comment", ['echo "p: {{ job.slurm.partition | comment }}"'], [f"slurm.partition={P}"], 2, True),
+    ("unquoted-heredoc", ["cat <<EOF", "{{ job.slurm.partition | shquote }}", "EOF"], [f"slurm.partition={P}"], 3,
+     True),
+    ("heredoc-command-substitution", ["cat <<EOF", "$({{ job.slurm.partition }} P)", "EOF"],
+     ["slurm.partition=touch"], 3, True),
+    ("parameter-default", ['echo "${UNSET:-{{ job.slurm.partition | shquote }}}"'], [f"slurm.partition={P}"], 2, True),
+    ("single-quotes-closed", ["echo '{{ job.slurm.partition | shquote }}'"], ["slurm.partition=a; touch P; b"], 2,
+     True),
+    ("backquotes", ["echo `{{ job.slurm.partition }} P`"], ["slurm.partition=touch"], 2, True),
+    ("command-position", ["{{ job.slurm.partition }} P"], ["slurm.partition=touch"], 2, True),
+    ("builtin-in-command-position", ["{{ job.slurm.partition | shquote }} 'touch P'"], ["slurm.partition=eval"], 2,
+     True),
+    ("eval", ["eval {{ job.slurm.partition | shquote }}"], ["slurm.partition=touch P"], 2, True),
+    ("bash-c", ["bash -c {{ job.slurm.partition | shquote }}"], ["slurm.partition=touch P"], 2, True),
+    ("here-string-to-bash", ["bash <<< {{ job.slurm.partition | shquote }}"], ["slurm.partition=touch P"], 2, True),
+    ("quoted-heredoc-to-bash", ["bash <<'EOF'", "{{ job.slurm.partition }} P", "EOF"], ["slurm.partition=touch"], 3,
+     True),
+    ("source-stdin", ["source /dev/stdin <<< {{ job.slurm.partition | shquote }}"], ["slurm.partition=touch P"], 2,
+     True),
+    ("trap", ["trap {{ job.slurm.partition | shquote }} EXIT"], ["slurm.partition=touch P"], 2, True),
+    ("arithmetic", ["export A={{ job.slurm.env.A | shquote }}", "echo $(( {{ job.slurm.partition }} ))"],
+     [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    ("double-brackets", ["[[ {{ job.slurm.partition | shquote }} -eq 1 ]] || true"], [f"slurm.partition={INDEXED}"], 2,
+     True),
+    ("declare", ["declare {{ job.slurm.partition | shquote }}=1"], [f"slurm.partition={INDEXED}"], 2, True),
+    ("printf-v", ["printf -v {{ job.slurm.partition | shquote }} x"], [f"slurm.partition={INDEXED}"], 2, True),
+    ("read", ["read {{ job.slurm.partition | shquote }} <<< 1"], [f"slurm.partition={INDEXED}"], 2, True),
+    ("indirect-expansion", ["export A={{ job.slurm.env.A | shquote }}", 'echo "${!{{ job.slurm.partition }}}"'],
+     [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    # Refused without running anything, each for its own reason:
+    ("assignment-name", ["{{ job.slurm.partition }}=1"], ["slurm.partition=PATH"], 2, False),
+    ("brace-expansion", ["echo {a,{{ job.slurm.partition }}}"], ["slurm.partition=b,c"], 2, False),
+    ("heredoc-end", ["cat <<'EOF'", "{{ job.slurm.partition | shquote }}", "EOF"], ["slurm.partition=EOF"], 3, False),
+    ("sbatch-line-blank", ["#SBATCH --comment={{ job.slurm.partition }}"], ["slurm.partition=a --wrap=b"], 2, False),
+    ("sbatch-escaped-quote", ["#SBATCH --comment={{ job.slurm.partition | shquote }}"], ["slurm.partition=a\\"], 2,
+     False),
+]
+# Job values a site template puts where they are inert: rendered, and running the script runs nothing of them.
+INERT = [
+    ("plain-word-in-double-quotes", ['echo "p: {{ job.slurm.partition }}"'], ["slurm.partition=gpu"]),
+    ("quoted-in-command-substitution", ['echo "$(echo {{ job.slurm.partition | shquote }})"'], [f"slurm.partition={P}"]),
+    ("quoted-heredoc", ["cat <<'EOF'", "{{ job.slurm.partition }}", "EOF"], [f"slurm.partition={P}"]),
+    ("argument-of-bash-c", ["bash -c 'echo \"$1\"' _ {{ job.slurm.partition | shquote }}"], [f"slurm.partition={P}"]),
+    ("pattern-in-double-brackets", ["[[ {{ job.slurm.partition | shquote }} == gpu ]] || true"], [f"slurm.partition={P}"]),
+    ("case-subject", ["case {{ job.slurm.partition | shquote }} in", "  gpu) echo y;;", "esac"], [f"slurm.partition={P}"]),
+    ("program-quoted-by-the-template", ["{{ python | shquote }} -c 'print(1)' {{ job.slurm.partition | shquote }}"],
+     [f"slurm.partition={P}"]),
+    ("export", ["export X={{ job.slurm.partition | shquote }}"], [f"slurm.partition={P}; `touch P` \"'"]),
+    ("comment", ["# {{ job.slurm.partition }}"], [f"slurm.partition={P}"]),
+    ("sbatch-line", ["#SBATCH --comment={{ job.slurm.partition | sbatch }}"], ["slurm.partition='a b''c\"d \\ #e\\'"]),
+]
+
+
+def _render(tmp_path, lines, sets):
+    site = tmp_path / "tpl"
+    site.mkdir(exist_ok=True)
+    (site / "custom.j2").write_text("#!/bin/bash\n" + "\n".join(lines) + "\nsrun true\n")
+    spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=custom.j2", *sets])
+    return render_sbatch(spec, runs_root=str(tmp_path / "runs"), python=sys.executable, site_dirs=[site])
+
+
+def _run(tmp_path, script):
+    """The script as Slurm's batch shell runs it (srun a stand-in), in ``tmp_path``: whether it made P."""
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    (tmp_path / "job.sbatch").write_text(script)
+    subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, input="", capture_output=True, timeout=30,
+                   env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "1", "HOME": str(tmp_path)})
+    return (tmp_path / "P").exists()
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_a_value_a_shell_would_expand_or_run_is_refused_with_file_and_line(tmp_path, case):
+    _, lines, sets, line, _ = case
+    with pytest.raises(TemplateError, match=rf"custom\.j2:{line}: the job value .* a shell would not take it as plain data"):
+        _render(tmp_path, lines, sets)
+
+
+@pytest.mark.parametrize("case", [c for c in HOSTILE if c[4]], ids=[c[0] for c in HOSTILE if c[4]])
+def test_without_the_check_bash_runs_the_value(tmp_path, monkeypatch, case):
+    # What the case guards against is real: unchecked, the rendered script runs the job value.
+    _, lines, sets, _, _ = case
+    if hasattr(render, "shellsafe"):  # (before issue 19 there was no such check: the script ran as rendered)
+        unchecked = render.shellsafe.Reading(None, frozenset({"srun"}))
+        monkeypatch.setattr(render.shellsafe, "read", lambda text, regions: unchecked)
+    assert _run(tmp_path, _render(tmp_path, lines, sets))
+
+
+@pytest.mark.parametrize("case", INERT, ids=[c[0] for c in INERT])
+def test_a_value_where_it_is_inert_renders_and_runs_nothing(tmp_path, case):
+    _, lines, sets = case
+    script = _render(tmp_path, lines, sets)
+    assert not _run(tmp_path, script)
+
+
+def test_the_issue_example_is_refused_by_render_exit_2(tmp_path):
+    # hpc-train render job.yaml > s && SLURM_JOB_ID=1 bash s created P: now exit 2, naming custom.j2:2.
+    (tmp_path / "tpl").mkdir()
+    (tmp_path / "tpl" / "custom.j2").write_text('#!/bin/bash\necho "p: {{ job.slurm.partition | shquote }}"\nsrun true\n')
+    (tmp_path / "site.yaml").write_text("template_dirs: [tpl]\n")
+    (tmp_path / "job.yaml").write_text("slurm: {template: custom.j2, partition: 'gpu$(touch P)'}\n")
+    before = tree(tmp_path)
+    result = cli("render", "job.yaml", cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HPC_TRAIN_SITE": "site.yaml",
+                                                          "HOME": str(tmp_path),
+                                                          "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    assert_refused(result, "custom.j2:2: the job value")
+    assert result.stdout == "" and tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["BASH_ENV", "ENV", "PS4", "PROMPT_COMMAND", "SHELLOPTS", "IFS"])
+def test_an_environment_variable_bash_expands_is_refused(tmp_path, name):
+    # slurm.env is exported by the batch shell (its value safely quoted), but bash expands BASH_ENV's value and
+    # sources the result in every non-interactive bash it starts: the torchrun launch line's `bash -c`.
+    from hpc_train.errors import ConfigError
+
+    subprocess.run(["bash", "-c", "true"], cwd=tmp_path, env={"BASH_ENV": "$(touch P)", "PATH": "/usr/bin:/bin"})
+    assert (tmp_path / "P").exists()
+    with pytest.raises(ConfigError, match=f"slurm.env: {name} is read by every bash the job starts"):
+        resolve_job(None, site=NO_SITE, sets=[f"slurm.env.{name}=$(touch P)"])
