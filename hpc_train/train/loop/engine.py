@@ -40,6 +40,7 @@ from ..model.losses import CrossEntropy, build_loss
 from ..model.models import LongTailNet, init_model, make_classifier
 from ..model.plugins import capture_check_required
 from ..observe import report
+from ..observe.pulse import Pulse
 from ..observe.evaluation import Evaluator, Head
 from ..state import checkpoint as ckpt
 from ..state.snapshots import Checkpointer
@@ -90,7 +91,7 @@ class Trainer:
         if t.compile:
             graphs.set_compile_cache(t)
         self.state = StepState.on(self.device)
-        self.agreement = Agreement(ctx.distributed)
+        self.agreement = Agreement(ctx.distributed, timeout_s=t.process_group_timeout_s)
         self.checkpointer = Checkpointer(run_dir, self.device, keep=t.keep_checkpoints, writer=ctx.is_main,
                                          train_state=self)
         self.evaluator = Evaluator(self.model, self.feed, num_classes=data.num_classes, batch_size=t.eval_batch_size,
@@ -102,6 +103,7 @@ class Trainer:
         self.plan: EpochPlan | None = None
         self._next_tables: dict[tuple[str, int], dict] = {}
         self.runner: graphs.CapturedSteps | None = None
+        self.pulse = Pulse(ctx, self.agreement.group)  # heartbeats, compute times per rank (observe/pulse.py)
 
         self.epoch = 0
         self.step_in_epoch = 0
@@ -217,6 +219,7 @@ class Trainer:
                     dist.broadcast(p.data, 0)
         else:
             forward = eager_forward(self.model, t.strategy, self.device, distributed=self.ctx.distributed)
+            self.pulse.attach(forward)
             forward = graphs.compile_module(forward) if t.compile else forward
         self.train_model = forward
         self.step = TrainStep(forward=forward, criterion=criterion, optimizer=self.optimizer, state=self.state,
@@ -269,6 +272,7 @@ class Trainer:
         self.progress.record(self.state.loss, self.state.nonfinite, None, f"epoch {self.epoch} (its end)")
         self.progress.flush(wait=True)  # the epoch's last steps too: a non-finite loss stops the run here at the latest
         flags = self.agreement.now(self._my_flags())
+        self.pulse.epoch_end(self)
         if flags.nonfinite:
             self._stop_nonfinite()
         end_of_phase = self.epoch in (t.epochs, self.total_epochs)
@@ -330,6 +334,7 @@ class Trainer:
             self.progress.flush(wait=False)
         if self.global_step % t.preempt_check_every_steps == 0:
             flags = self.agreement.poll(self._my_flags())
+            self.pulse.beat(self)
             if flags.nonfinite:
                 self._stop_nonfinite()
             if flags.stop:
@@ -395,6 +400,7 @@ class Trainer:
         if wait:
             self.checkpointer.wait()
             self.agreement.barrier()
+        self.pulse.beat(self, "checkpoint")
         return path
 
     # ------------------------------------------------------------------------------------------
@@ -410,6 +416,7 @@ class Trainer:
 
     def evaluate_and_record(self) -> dict[str, Any]:
         before = self.evaluator.images
+        self.pulse.beat(self, "eval")
         self.clock.start("eval")
         record = self.evaluator.evaluate_and_record(epoch=self.epoch, total_epochs=self.total_epochs,
                                                     global_step=self.global_step, phase=self.phase,
@@ -430,6 +437,7 @@ class Trainer:
                                 world_size=self.ctx.world_size, counts=self.counts, best=self.best, last=self.last,
                                 tau_record=tau_record, timing=timing, is_main=self.ctx.is_main)
         self._write_status(rundir.COMPLETED, exit_code=rundir.EXIT_OK)
+        self.pulse.beat(self, "done", force=True)
         return summary
 
     def _write_status(self, state: str, exit_code: int | None = None, **extra: Any) -> None:
