@@ -35,9 +35,20 @@ def _progress(row: Mapping[str, Any]) -> str | None:
                     for k, v in figures.items()) or None
 
 
+def _straggler(row: Mapping[str, Any]) -> str | None:
+    s = row.get("straggler")
+    return f"straggler rank {s['rank']} on {s['host']} ({s['ratio']:.1f}x the median compute time)" if s else None
+
+
+def _excluded(row: Mapping[str, Any]) -> str | None:
+    nodes = row.get("excluded_nodes")
+    return f"excluded nodes {','.join(nodes)}" if nodes else None
+
+
 RUN_PARTS: list[Part] = [
     _field("reason"), _field("slurm_state"), _field("elapsed"), _field("nodes"), _field("exit_code"),
     _field("restarts"), _field("first_failure"), _field("hint"), Part("progress", _progress),
+    Part("straggler", _straggler), Part("excluded_nodes", _excluded),
 ]
 """What follows a run's name, job id and state, in this order."""
 
