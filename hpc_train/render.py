@@ -212,6 +212,13 @@ def batchnorm_text(spec: JobSpec) -> ShellSafe:
     return ShellSafe(" ".join(decision.describe().split()))
 
 
+def watchdog_on(spec: JobSpec) -> bool:
+    """The batch script runs the watchdog (``slurm.hang_timeout_s`` > 0), except in a container (the batch shell,
+    outside it, may not have hpc-train) and for packed points (the pack runner watches them itself)."""
+    s = spec.slurm
+    return s.hang_timeout_s > 0 and s.container is None and s.pack == 1
+
+
 def heredoc_delimiter(text: str) -> str:
     """A heredoc end marker that cannot occur as a line of ``text`` (derived from its hash)."""
     marker = "HPC_TRAIN_JOB_" + hashlib.sha256(text.encode()).hexdigest()[:12].upper()
@@ -268,7 +275,9 @@ def render_sbatch(
         batchnorm=batchnorm_text(spec),
         entrypoint="hpc_train.command" if spec.command else "hpc_train.train",
         run_files=SimpleNamespace(state_log=rundir.STATE_LOG),
-        exit_codes=SimpleNamespace(checkpointed=rundir.EXIT_CHECKPOINTED),
+        exit_codes=SimpleNamespace(checkpointed=rundir.EXIT_CHECKPOINTED, hung=rundir.EXIT_HUNG,
+                                   hang_requeued=rundir.EXIT_HANG_REQUEUED),
+        watchdog=watchdog_on(spec),
     )
     return _render(template, context)
 
