@@ -117,10 +117,15 @@ def hang_reason(ranks: Sequence[int], watch: heartbeats.Watch, probes: Sequence[
     """``hung: rank 3 on gpu07 made no progress for 900 s (last: epoch 12, step 40); rank 3 stopped (state T)``."""
     first = ranks[0]
     beat = watch.beats.get(first)
-    where = hosts.get(first) or (beat.host if beat else "?")
-    who = f"rank {first}" if len(ranks) == 1 else "ranks " + ", ".join(str(r) for r in ranks)
+
+    def host(rank: int) -> str:
+        return hosts.get(rank) or (watch.beats[rank].host if rank in watch.beats else "?")
+
+    who = f"rank {first} on {host(first)}"
+    if len(ranks) > 1:
+        who = "ranks " + ", ".join(f"{r} on {host(r)}" for r in ranks)
     last = f" (last: {beat.where()})" if beat else " (no heartbeat yet)"
-    text = f"hung: {who} on {where} made no progress for {watch.silent_s(first, now):.0f} s{last}"
+    text = f"hung: {who} made no progress for {watch.silent_s(first, now):.0f} s{last}"
     states = [f"rank {p.rank} stopped (state {p.state})" for p in probes if stopped(p.state)]
     gone = [f"rank {p.rank} unreachable ({p.state})" for p in probes if p.state in ("gone", "unreachable")]
     return "; ".join([text, *states, *gone])

@@ -118,15 +118,20 @@ def requeue_excluding(run_dir: Path, job_id: str) -> tuple[bool, str]:
 # probe: one task per node, reading and dumping the ranks of its node
 # --------------------------------------------------------------------------------------------------
 
+def _probe_file(run_dir: Path, instance: str, host: str) -> Path:
+    return run_dir / rundir.RANKS_DIR / f"probe-{instance.replace(':', '-')}-{host}.json"
+
+
 def probe(run_dir: Path, instance: str) -> int:
-    """``probe RUN_DIR INSTANCE`` (a task of the diagnostic step): one JSON line per rank of this node."""
+    """``probe RUN_DIR INSTANCE`` (a task of the diagnostic step): what each rank of this node showed, in a file
+    of the run directory (not on stdout: srun splits long lines of several tasks into each other)."""
     host = socket.gethostname()
     beats = {r: b for r, b in heartbeats.read_beats(run_dir, instance).items() if b.host == host}
     logs = rank_logs(run_dir)
     probes = local_watchdog.probe_ranks({r: b.pid for r, b in beats.items()}, lambda r: logs(r), host=host)
-    for p in probes:
-        print(json.dumps({"rank": p.rank, "host": p.host, "pid": p.pid, "state": p.state, "stacks": p.stacks,
-                          "py_spy": p.py_spy}), flush=True)
+    rundir.write_json_atomic(_probe_file(run_dir, instance, host), [
+        {"rank": p.rank, "host": p.host, "pid": p.pid, "state": p.state, "stacks": p.stacks, "py_spy": p.py_spy}
+        for p in probes])
     return 0
 
 
@@ -147,14 +152,15 @@ def _probe_all(run_dir: Path, instance: str, beats: dict[int, heartbeats.Beat]) 
             "-m", "hpc_train.slurm.watchdog", "probe", str(run_dir), instance]
     out = _run(argv, PROBE_TIMEOUT_S)
     found: dict[int, local_watchdog.Probe] = {}
-    for line in out.stdout.splitlines():
+    for host in {b.host for b in beats.values()}:
         try:
-            d = json.loads(line)
+            answers = json.loads(_probe_file(run_dir, instance, host).read_text())
+        except (OSError, ValueError):
+            continue
+        for d in answers:
             found[int(d["rank"])] = local_watchdog.Probe(int(d["rank"]), d["host"], int(d["pid"]), d["state"],
                                                          d.get("stacks") or "", d.get("py_spy"))
-        except (ValueError, KeyError, TypeError):
-            continue
-    if out.returncode != 0:
+    if out.returncode != 0 or not found:
         _say(f"the diagnostic step exited {out.returncode}: {(out.stderr or '').strip()[-300:]}")
     for rank, beat in beats.items():  # a node that did not answer: its ranks are named so
         found.setdefault(rank, local_watchdog.Probe(rank, beat.host, beat.pid, "unreachable"))
