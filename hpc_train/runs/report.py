@@ -149,7 +149,8 @@ def select(refs: Sequence[str], root: Path) -> list[Run]:
             name, _, ident = ref.rpartition("/")
             found = [r for r in runs if r.name == ref] or [
                 r for r in runs if (not name or r.run_dir.parent.name == name)
-                and ident in (r.job_id, r.run_dir.name, str(r.record.get("array_job_id")))] or [
+                and ident in (r.job_id, r.run_dir.name, str(r.record.get("array_job_id")),
+                              str(r.record.get("sweep_id")))] or [
                 r for r in runs if r.run_dir.parent.name == ref]
         if not found:
             raise ConfigError(f"no runs for {ref!r} under {root} or in the run index (a run, job id, array id or "

@@ -263,6 +263,22 @@ def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0
         time.sleep(poll_s)
 
 
+def cancel_sweep(runs: Sequence[Run]) -> str:
+    """Cancel every point of a sweep: each of its job arrays once (scancel), each point not ended recorded."""
+    from .sweeps import array_ids
+
+    live = [r for r, state in zip(runs, run_states(runs)) if state not in rundir.FINAL_STATES]
+    arrays = list(dict.fromkeys(i for r in live if r.cluster != "local" for i in (array_ids(r) or [r.job_id])))
+    for array in arrays:
+        slurm_cli.cancel(array)
+    for run in live:
+        rundir.append_event(run.run_dir, rundir.CANCELLED, writer="hpc-train cancel", reason="cancelled by the user")
+    if not live:
+        return f"{len(runs)} point(s): all have already ended; nothing to cancel"
+    where = f" (job arrays {', '.join(arrays)})" if arrays else " (local runs)"
+    return f"cancelled {len(live)} of {len(runs)} point(s){where}"
+
+
 def cancel_run(run: Run) -> str:
     """Cancel a run: record it (the local launcher ends the ranks when it sees it), and scancel on Slurm."""
     state = run_state(run)[0]

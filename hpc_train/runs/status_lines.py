@@ -66,7 +66,12 @@ def _not_completed(sweep: Mapping[str, Any], shown: int = 5) -> str | None:
     return "did not complete: " + ", ".join(names[:shown]) + more
 
 
-SWEEP_PARTS: list[Part] = [Part("counts", _counts), Part("not_completed", _not_completed)]
+def _arrays(sweep: Mapping[str, Any]) -> str | None:
+    ids = sweep.get("array_job_ids") or []
+    return f"{len(ids)} job arrays ({', '.join(ids)})" if len(ids) > 1 else None
+
+
+SWEEP_PARTS: list[Part] = [Part("counts", _counts), Part("not_completed", _not_completed), Part("array_job_ids", _arrays)]
 """What follows a sweep's name, job id and point count, in this order."""
 
 

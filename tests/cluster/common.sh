@@ -25,6 +25,7 @@ CPUS_PER_NODE=8                             # oversubscribed (SlurmdParameters=c
 GPUS_PER_NODE=4                             # fake GPUs: gres gpu backed by mknod char devices
 MEM_PER_NODE=16000                          # MB, so --mem=4G fits (not consumable: CR_Core)
 CRED_EXPIRE=${HPCTRAIN_SLURM_CRED_EXPIRE:-5}   # requeue hold: cred_expire + 1 s (Slurm default 120; minimum 5)
+MAX_ARRAY_SIZE=${HPCTRAIN_SLURM_MAX_ARRAY_SIZE:-}  # unset: Slurm's default (1001); the sweep-split test lowers it
 ACCOUNT=research
 DEFAULT_PARTITION=gpu
 PARTITIONS=(gpu debug)                     # gpu is the default

@@ -63,7 +63,7 @@ task_id="${SLURM_ARRAY_TASK_ID:-0}"
 run_dirs=()
 points=0
 for slot in $(seq 0 $(( 2 - 1 ))); do
-    point=$(( task_id * 2 + slot ))
+    point=$(( 0 + task_id * 2 + slot ))
     if [ "$point" -ge 3 ]; then
         break
     fi
