@@ -77,3 +77,45 @@ def test_a_stopped_rank_and_a_blocked_rank_end_their_runs_naming_them(tmp_path):
     assert "its Python stacks" in (blocked_run / "logs" / "batch.log").read_text()
     blocked_pids = [b.pid for b in wait_for_beats(blocked_run, 2, timeout_s=5).values()]
     assert gone(blocked_pids) == []
+
+
+def test_a_throttled_rank_is_named_as_a_straggler_by_status_and_report(tmp_path):
+    run_dir = submit(tmp_path, "slow", "--tasks-per-node", "3", "--set", "train.epochs=400", "--set",
+                     "train.batch_size=60", "--set", "train.sync_bn=false", "--set", "slurm.hang_timeout_s=60")
+    beats = wait_for_beats(run_dir, 3)
+    pid = beats[2].pid
+    done = threading.Event()
+
+    def throttle() -> None:  # mostly stopped: most of rank 2's steps are interrupted while it computes
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.03)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.006)
+
+    thread = threading.Thread(target=throttle, daemon=True)
+    thread.start()
+    try:
+        deadline, row, line = time.monotonic() + 90, {}, ""
+        while time.monotonic() < deadline:  # both views while it is throttled (an idle rank 0 can read 1.3x on 2 cores)
+            row = status(tmp_path, run_dir)
+            line = cli("status", str(run_dir), cwd=tmp_path, env=_env(tmp_path)).stdout
+            if row.get("straggler", {}).get("rank") == 2 and f"straggler rank 2 on {HOST} (" in line:
+                break
+            time.sleep(1)
+    finally:
+        done.set()
+        thread.join()
+        os.kill(pid, signal.SIGCONT)
+    assert row.get("straggler", {}).get("rank") == 2 and row["straggler"]["host"] == HOST, row
+    assert row["straggler"]["ratio"] > 1.3
+    assert f"straggler rank 2 on {HOST} (" in line, line
+    report = cli("report", str(run_dir), cwd=tmp_path, env=_env(tmp_path))
+    assert report.returncode == 0 and f"rank 2 on {HOST} (in " in report.stdout, report.stdout
+    assert "GPU-hours" in report.stdout
+    cancelled = cli("cancel", str(run_dir), cwd=tmp_path, env=_env(tmp_path))
+    assert cancelled.returncode == 0
+    deadline = time.monotonic() + 20  # the launcher ends the ranks (SIGTERM, then SIGKILL after 5 s)
+    while gone([b.pid for b in beats.values()]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert gone([b.pid for b in beats.values()]) == []

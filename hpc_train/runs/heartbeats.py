@@ -163,7 +163,7 @@ def main_thread_frames(dump: str) -> list[tuple[str, str]]:
         elif threads and (m := _FRAME.match(line)):
             threads[-1].append((m.group("file"), m.group("func")))
     for frames in threads:
-        if frames and (frames[-1][1] == "<module>" or frames[-1][0].endswith("runpy.py")):
+        if frames and any(func == "<module>" or "runpy" in file for file, func in frames[-3:]):
             return frames
     return threads[0] if threads else []
 

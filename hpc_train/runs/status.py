@@ -172,21 +172,40 @@ def _hang_timeout_s(run: Run) -> float:
         return 0.0
 
 
-def last_straggler(run_dir: Path) -> dict[str, Any] | None:
-    """The slowest straggler of the last epoch the ranks' compute times were recorded for (metrics.jsonl)."""
-    found = None
+def compute_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The ranks' compute-time records of metrics.jsonl, one per epoch (hpc_train/train/observe/stragglers.py)."""
     try:
         lines = (run_dir / rundir.METRICS).read_text(errors="replace").splitlines()
     except OSError:
-        return None
+        return []
+    found = []
     for line in lines:
         if '"rank_compute"' in line:
             try:
-                found = json.loads(line)
+                found.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
-    slow = (found or {}).get("stragglers") or []
-    return None if not slow else {**max(slow, key=lambda s: s["ratio"]), "epoch": found.get("epoch")}
+    return found
+
+
+def last_straggler(run_dir: Path) -> dict[str, Any] | None:
+    """The slowest straggler of the last epoch whose compute times were recorded (``status``)."""
+    records = compute_records(run_dir)
+    slow = records[-1].get("stragglers") if records else None
+    return None if not slow else {**max(slow, key=lambda s: s["ratio"]), "epoch": records[-1].get("epoch")}
+
+
+def stragglers_of_run(run_dir: Path) -> list[dict[str, Any]]:
+    """Every rank that was a straggler in some epoch (``report``): in how many of the recorded epochs, and its
+    largest ratio to the median."""
+    records = compute_records(run_dir)
+    by_rank: dict[int, dict[str, Any]] = {}
+    for record in records:
+        for s in record.get("stragglers") or []:
+            seen = by_rank.setdefault(s["rank"], {"rank": s["rank"], "host": s["host"], "epochs": 0, "max_ratio": 0.0})
+            seen["epochs"] += 1
+            seen["max_ratio"] = max(seen["max_ratio"], s["ratio"])
+    return [{**v, "of_epochs": len(records)} for _, v in sorted(by_rank.items())]
 
 
 def health(run: Run, state: str, reason: str) -> dict[str, Any]:
