@@ -113,6 +113,9 @@ def test_a_throttled_rank_is_named_as_a_straggler_by_status_and_report(tmp_path)
     report = cli("report", str(run_dir), cwd=tmp_path, env=_env(tmp_path))
     assert report.returncode == 0 and f"rank 2 on {HOST} (in " in report.stdout, report.stdout
     assert "GPU-hours" in report.stdout
+    records = [ln for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if '"stragglers": [{"rank": 2' in ln]
+    record_measurement("straggler_local", {"status_line": line, "report": report.stdout.splitlines()[:4],
+                                           "record": records[-1] if records else None})
     cancelled = cli("cancel", str(run_dir), cwd=tmp_path, env=_env(tmp_path))
     assert cancelled.returncode == 0
     deadline = time.monotonic() + 20  # the launcher ends the ranks (SIGTERM, then SIGKILL after 5 s)

@@ -44,6 +44,10 @@ def test_the_watchdog_arms_at_the_first_heartbeat_and_fires_only_when_no_rank_ad
     watch.update({0: beat(0, 2, 20), 1: beat(1, 1, 10)}, now=25)
     assert not watch.hung(now=54) and watch.hung(now=55)
     assert watch.stopped_first() == [1]  # least progress
+    watch.update({0: beat(0, 9, 25), 1: beat(1, 1, 10)}, now=40)  # rank 0 still advances: not a hang yet
+    assert not watch.hung(now=56) and watch.hung(now=70)
+    watch = heartbeats.Watch(world_size=2, timeout_s=30, instance="i")
+    watch.update({0: beat(0, 2, 20), 1: beat(1, 1, 10)}, now=25)
     watch.update({0: beat(0, 3, 20, phase="done")}, now=50)
     assert watch.waiting() == [1] and watch.hung(now=55)
     assert not watch.hung(now=55, ended=[1])  # every rank ended or done: nothing to wait for

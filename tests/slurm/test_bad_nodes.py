@@ -45,7 +45,10 @@ def test_a_hung_rank_is_requeued_without_its_node_and_completes_every_epoch(slur
     assert sorted({m["epoch"] for m in metrics(run_dir)}) == list(range(1, epochs + 1))
     batch = (run_dir / "logs" / "batch.log").read_text()
     assert f"excluded node {bad}" in batch and f"requeued job {job}, excluding {bad}" in batch, batch[-3000:]
-    record_measurement("hang_requeue_3_nodes", {"hang_timeout_s": 10, "hang_to_completed_s": round(took, 1)})
+    record_measurement("hang_requeue_3_nodes", {"hang_timeout_s": 10, "hang_to_completed_s": round(took, 1),
+                                                "status_line": hpc(cluster, "status", job, cwd=tmp_path).stdout,
+                                                "exc_node_list": [w for w in shown.split() if "NodeList" in w],
+                                                "batch_log": [ln for ln in batch.splitlines() if "watchdog" in ln]})
 
 
 def harness_nodes(nodelist: str) -> list[str]:
@@ -87,3 +90,6 @@ def test_a_sweep_larger_than_max_array_size_is_several_arrays_and_one_sweep(slur
     report = hpc(cluster, "report", "split", cwd=tmp_path).stdout
     assert report.startswith("25 run(s) in 1 configuration(s)"), report
     assert f"25 run(s): {done} finished, 0 running, {25 - done} failed" in report, report
+    record_measurement("sweep_split", {"note": data["note"], "status_line": line, "cancel": cancelled,
+                                       "final_line": hpc(cluster, "status", "split", cwd=tmp_path).stdout,
+                                       "report_head": report.splitlines()[:4]})

@@ -69,11 +69,14 @@ def test_a_stopped_rank_and_a_blocked_rank_end_their_jobs_naming_rank_and_node(s
     final = status(slurm_cluster, work, stopped_job)
     assert final["exit_code"] == 124 and final.get("slurm_state") in ("FAILED", "COMPLETED", "RUNNING", "COMPLETING")
     record_measurement("hang_slurm_sigstop", {"hang_timeout_s": 30, "hang_to_end_s": round(took, 1),
-                                              "stalled_after_s": round(stalled_at, 1)})
+                                              "stalled_after_s": round(stalled_at, 1), "reason": reason,
+                                              "stalled": next(r for _, s, r in seen.states if r.startswith("stalled")),
+                                              "batch_log": [ln for ln in batch.splitlines() if "watchdog" in ln][:12]})
 
     blocked = follow(lambda: status(slurm_cluster, work, blocked_job), time.monotonic(), timeout_s=150)
     _, state, reason = blocked.end
     assert state == "failed" and reason.startswith("hung: rank 1 on gpu02 made no progress for "), blocked.states[-3:]
     rank1 = rank_log(blocked_run, 1)
+    record_measurement("hang_slurm_blocked", {"reason": reason})
     assert "blocking_loss.py" in rank1 and "in blocking_loss" in rank1, rank1[-3000:]  # its own stack
     assert gone([b.pid for b in wait_for_beats(blocked_run, 2, timeout_s=5).values()]) == []
