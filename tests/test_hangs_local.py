@@ -49,6 +49,9 @@ def test_a_stopped_rank_and_a_blocked_rank_end_their_runs_naming_them(tmp_path):
     stopped_run = submit(tmp_path, "stopped", "--set", "train.epochs=2000", "--set", "slurm.hang_timeout_s=30")
     blocked_run = submit(tmp_path, "blocked", "--set", "train.epochs=2000", "--set", "slurm.hang_timeout_s=10",
                          *BLOCKING_LOSS)
+    requeued_run = submit(tmp_path, "requeued", "--set", "train.epochs=12", "--set", "slurm.hang_timeout_s=10",
+                          "--set", "slurm.hang_action=requeue", "--set", "train.loss.name=tests.scripts.blocking_loss:build",
+                          "--set", "train.loss.args={block_at_call: 30, block_rank: 1, first_launch_only: true}")
     beats = wait_for_beats(stopped_run, 2)
     pids = [beats[0].pid, beats[1].pid]
     time.sleep(1)
@@ -77,6 +80,19 @@ def test_a_stopped_rank_and_a_blocked_rank_end_their_runs_naming_them(tmp_path):
     assert "its Python stacks" in (blocked_run / "logs" / "batch.log").read_text()
     blocked_pids = [b.pid for b in wait_for_beats(blocked_run, 2, timeout_s=5).values()]
     assert gone(blocked_pids) == []
+
+    # hang_action: requeue: launched again from its last checkpoint (as --resume does), and it completes.
+    again = follow(lambda: status(tmp_path, requeued_run), time.monotonic(), timeout_s=150)
+    assert again.end[1] == "completed", again.states[-3:]
+    row = status(tmp_path, requeued_run)
+    assert row["restarts"] == 1, row
+    events = [json.loads(line) for line in (requeued_run / "state.jsonl").read_text().splitlines()]
+    requeued = [e for e in events if e["event"] == "requeued" and e.get("writer") == "watchdog"]
+    assert len(requeued) == 1 and requeued[0]["reason"].startswith(f"hung: rank 1 on {HOST} made no progress for ")
+    evaluated = [json.loads(line) for line in (requeued_run / "metrics.jsonl").read_text().splitlines()
+                 if '"record": ' not in line]
+    assert sorted({m["epoch"] for m in evaluated}) == list(range(1, 13))
+    assert "launching it again from its last checkpoint" in (requeued_run / "logs" / "batch.log").read_text()
 
 
 def test_a_throttled_rank_is_named_as_a_straggler_by_status_and_report(tmp_path):

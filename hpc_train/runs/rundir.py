@@ -7,7 +7,7 @@ or ``local-<time>-<pid>`` (array-like: ``_<i>``) for local runs::
 
     run.json        who submitted what: job id, cluster, time, version, git SHA, where the logs are
     config.json     the resolved job (JSON);  job.yaml: the same as the ranks read it
-    job.sbatch      the script submitted (Slurm)
+    job.sbatch      the script submitted (Slurm; a sweep point: a link to its array's one script)
     state.jsonl     one line per state change (below)
     logs/           batch.log (the batch shell or the local launcher) and rank-N.log
     ranks/          rank-N.json: what each rank saw

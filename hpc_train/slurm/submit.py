@@ -247,6 +247,7 @@ class _SlurmSubmission:
                                 submission=self.facts, extra=extra)
             write_run_files(self.created, run_dir, task_spec, record, snapshot=self.snapshot,
                             job_yaml=self.point_yamls[point])
+            self.created.link(run_dir / rundir.JOB_SCRIPT, Path(extra["job_script"]))  # its array's one script
             run_dirs.append(str(run_dir))
         packed = f", {pack} point(s) per task" if pack > 1 else ""
         arrays = f"job array {sweep_id}" if len(array_ids) == 1 else (

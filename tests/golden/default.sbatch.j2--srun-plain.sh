@@ -259,10 +259,14 @@ echo "hpc-train: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 # (hpc_train.dist.DistEnv). --kill-on-bad-exit: one crashing rank ends the step at once;
 # --wait=60: a rank that exits early does not leave the others waiting forever.
 set +e
+# The step runs in the background, beside the watchdog (below): a function, so the srun lines stay as they are.
+launch_step() {
 srun --kill-on-bad-exit=1 --wait=60 \
     --ntasks-per-node=8 --cpus-per-task=8 \
     --output="$RUN_DIR/logs/rank-%t.log" \
-    "$PYTHON" -u -m hpc_train.train --resolved "$RUN_DIR/job.yaml" &
+    "$PYTHON" -u -m hpc_train.train --resolved "$RUN_DIR/job.yaml"
+}
+launch_step &
 srun_pid=$!
 # The watchdog (hpc_train/slurm/watchdog.py): when no rank has advanced for slurm.hang_timeout_s=900 s
 # after its first heartbeat, it dumps the ranks' stacks into their logs, names the rank that stopped first and

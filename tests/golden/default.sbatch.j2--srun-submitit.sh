@@ -261,10 +261,14 @@ echo "hpc-train: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 # submitit's _submit finds its job environment through this variable.
 export SUBMITIT_EXECUTOR=slurm
 set +e
+# The step runs in the background, beside the watchdog (below): a function, so the srun lines stay as they are.
+launch_step() {
 srun --kill-on-bad-exit=1 --wait=60 \
     --ntasks-per-node=8 --cpus-per-task=8 \
     --unbuffered --output=/shared/project/runs/cifar100-lt/.submitit/%j_%t_log.out --error=/shared/project/runs/cifar100-lt/.submitit/%j_%t_log.err \
-    python -u -m submitit.core._submit /shared/project/runs/cifar100-lt/.submitit &
+    python -u -m submitit.core._submit /shared/project/runs/cifar100-lt/.submitit
+}
+launch_step &
 srun_pid=$!
 # The watchdog (hpc_train/slurm/watchdog.py): when no rank has advanced for slurm.hang_timeout_s=900 s
 # after its first heartbeat, it dumps the ranks' stacks into their logs, names the rank that stopped first and
