@@ -147,3 +147,17 @@ def test_a_rank_slower_than_1_3_times_the_median_is_a_straggler(ms, named):
     record = summarise(ms, [f"h{i}" for i in range(len(ms))], epoch=3, global_step=30)
     assert [s["rank"] for s in record["stragglers"]] == named
     assert record["record"] == "rank_compute" and record["median_ms"] == sorted(ms)[len(ms) // 2] or len(ms) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "slurm.hang_timeout_s=-1"], "slurm.hang_timeout_s must be 0 (off) or more, got -1"),
+    (["--set", "slurm.hang_action=retry"], "slurm.hang_action: must be one of 'fail', 'requeue', got 'retry'"),
+    (["--sweep", "train.seed=[" + ",".join(map(str, range(10_001))) + "]"], "10,001 sweep points; a sweep holds at most"),
+])
+def test_bad_watchdog_keys_and_an_oversized_sweep_are_exit_2_with_nothing_written(tmp_path, args, message):
+    from tests.cli_helpers import assert_refused, cli, tree
+
+    result = cli("submit", "digits_lt_demo", "--cluster", "local", *args, cwd=tmp_path,
+                 env={**__import__("os").environ, "HPC_TRAIN_STATE_DIR": str(tmp_path / "state")})
+    assert_refused(result, message)
+    assert tree(tmp_path) == []
