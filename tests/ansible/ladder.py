@@ -105,7 +105,7 @@ def unit(ladder: Ladder, venv: Path) -> None:
     junit = WORK / "unit-junit.xml"
     junit.unlink(missing_ok=True)
     result = run([str(venv / "bin" / "python"), "-m", "pytest", "-c", str(HERE / "pytest.ini"), "-q", f"--junitxml={junit}",
-                  "test_templates.py", "test_role_rules.py", "test_provision.py"], ansible_env(venv), WORK / "logs" / "unit.log")
+                  "test_templates.py", "test_role_rules.py", "test_provision.py", "test_driver_facts.py"], ansible_env(venv), WORK / "logs" / "unit.log")
     if not junit.exists():
         ladder.check("unit/pytest ran", False, tail(result.stdout + result.stderr))
         return
