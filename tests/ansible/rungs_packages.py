@@ -62,8 +62,8 @@ def converge(ladder, venv: Path) -> None:
               f"nvidia-fabric-manager-{driver}", f"kernel-devel-{fake_repos.KERNEL}", f"kernel-headers-{fake_repos.KERNEL}",
               f"dkms-{fake_repos.DKMS_VERSION}-1.el9", "cuda-toolkit-12-8-12.8.1-1",
               f"libnccl-{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}", "python3-dnf-plugin-versionlock-4.3.0-13.el9",
-              "rdma-core-48.0-1.el9"}
-    ladder.check("verify/the pinned driver, its kernel headers, dkms, CUDA, NCCL, fabric manager and rdma-core are installed",
+              "rdma-core-48.0-1.el9", f"datacenter-gpu-manager-{fake_repos.DCGM_VERSION}-1"}
+    ladder.check("verify/the pinned driver, its kernel headers, dkms, CUDA, NCCL, fabric manager, rdma-core and DCGM are installed",
                  wanted <= packages, f"missing: {sorted(wanted - packages)}")
     ladder.check("verify/no package of the other flavour or the newer release",
                  not any(p.startswith("kmod-nvidia-latest-dkms") or new in p for p in packages), sorted(packages))
@@ -96,13 +96,15 @@ def converge(ladder, venv: Path) -> None:
         "etc/profile.d/cuda.sh": "CUDA_HOME=/usr/local/cuda-12.8",
         "etc/yum.repos.d/hpc-train-gpu.repo": f"baseurl=file://{repos}/cuda/",
         "etc/firewalld/zones/hpc-train-fabric.xml": '<source address="10.10.0.0/16"/>',
+        "usr/libexec/hpc-train/gpu-health-check": "expected_gpus=8",
     }
     for path, line in files.items():
         text = (root / path).read_text() if (root / path).exists() else ""
         ladder.check(f"verify/{path}", line in text.splitlines() or line in text, text or "missing")
     links = {"usr/local/cuda": "/usr/local/cuda-12.8",
              "etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service": "/usr/lib/systemd/system/nvidia-persistenced.service",
-             "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service": "/usr/lib/systemd/system/nvidia-fabricmanager.service"}
+             "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service": "/usr/lib/systemd/system/nvidia-fabricmanager.service",
+             "etc/systemd/system/multi-user.target.wants/nvidia-dcgm.service": "/usr/lib/systemd/system/nvidia-dcgm.service"}
     for path, target in links.items():
         link = root / path
         ladder.check(f"verify/{path} -> {target} (and the target is in the image)",

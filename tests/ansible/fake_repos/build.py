@@ -37,6 +37,8 @@ DRIVER_EPOCH = 3
 DKMS_VERSION = "3.1.8"
 CUDA_VERSION = "12.8"
 NCCL_VERSION, NCCL_RELEASE = "2.26.5", "1+cuda12.8"
+NEWER_NCCL = ("2.27.3", "1+cuda12.9")  # on the mirror too: built for a newer CUDA than the stack's
+DCGM_VERSION = "3.3.9"
 CONTAINER_TOOLKIT_VERSIONS = ["1.17.7", "1.17.8"]  # not part of the driver: its security fixes must not be locked out
 PYTHON_PACKAGE = "python3.11"
 # Scriptlets run under this shell inside the root; the applets the dkms stand-in and the scriptlets use.
@@ -264,10 +266,26 @@ def main(out_dir: Path) -> dict:
                 SubPackage(f"cuda-toolkit-{CUDA_VERSION.replace('.', '-')}",
                            files={f"/usr/local/cuda-{CUDA_VERSION}/bin/nvcc": "#!/bin/sh\necho 'nvcc stand-in'\n"}),
             ]),
-            Spec("fake-nccl", NCCL_VERSION, NCCL_RELEASE, None, "x86_64", [
-                SubPackage("libnccl", files={f"/usr/lib64/libnccl.so.{NCCL_VERSION}": "stand-in\n"}),
-                SubPackage("libnccl-devel", requires=[f"libnccl = {NCCL_VERSION}-{NCCL_RELEASE}"],
+        ] + [
+            # The pinned NCCL, and a newer build for a newer CUDA that a plain `dnf update` would bring.
+            Spec("fake-nccl", version, release, None, "x86_64", [
+                SubPackage("libnccl", files={f"/usr/lib64/libnccl.so.{version}": "stand-in\n"}),
+                SubPackage("libnccl-devel", requires=[f"libnccl = {version}-{release}"],
                            files={"/usr/include/nccl.h": "/* stand-in */\n"}),
+            ])
+            for version, release in ((NCCL_VERSION, NCCL_RELEASE), NEWER_NCCL)
+        ] + [
+            Spec("fake-dcgm", DCGM_VERSION, "1", 1, "x86_64", [
+                SubPackage("datacenter-gpu-manager", files={
+                    "/usr/bin/dcgmi": "#!/bin/sh\necho 'dcgmi stand-in'\n",
+                    "/usr/lib/systemd/system/nvidia-dcgm.service": textwrap.dedent("""\
+                        [Unit]
+                        Description=NVIDIA DCGM service (test stand-in)
+                        [Service]
+                        ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
+                        [Install]
+                        WantedBy=multi-user.target
+                        """)}),
             ]),
         ] + [
             Spec("fake-nvidia-container-toolkit", version, "1", None, "x86_64", [
