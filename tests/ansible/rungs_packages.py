@@ -159,7 +159,7 @@ def missing_branch(ladder, venv: Path) -> None:
                      "is not in any enabled repository, so DKMS cannot build the NVIDIA module.")
                  and f"No package kernel-devel-{MISSING_KERNEL} available" in failure.get("msg", ""), failure.get("msg", ""))
     ladder.check("negative/missing kernel-devel: nothing changed", lib.counts(records)[0] == 0
-                 and lib.rpm_packages(fresh["root"]) == {f"bash-5.1.8-9.el9", f"kernel-core-{fake_repos.KERNEL}"},
+                 and lib.rpm_packages(fresh["root"]) == {"bash-5.1.8-9.el9", "grubby-8.40-64.el9", f"kernel-core-{fake_repos.KERNEL}"},
                  str(sorted(lib.rpm_packages(fresh["root"]))))
 
     result, records = converge_run(venv, fresh, repos, "missing-branch", "-e", "gpu_stack_driver_branch=580",
