@@ -165,10 +165,10 @@ def module_stream(root: Path) -> str:
     return match.group(1) if match and "state=enabled" in text else ""
 
 
-def lock_block(root: Path) -> list[str]:
+def lock_block(root: Path, role: str = "nvidia_driver") -> list[str]:
     path = root / "etc" / "dnf" / "plugins" / "versionlock.list"
     text = path.read_text() if path.exists() else ""
-    match = re.search(r"# BEGIN hpc-train nvidia_driver locks\n(.*?)# END hpc-train nvidia_driver locks", text, re.S)
+    match = re.search(rf"# BEGIN hpc-train {role} locks\n(.*?)# END hpc-train {role} locks", text, re.S)
     return match.group(1).split() if match else []
 
 

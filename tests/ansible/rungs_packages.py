@@ -88,6 +88,11 @@ def converge(ladder, venv: Path) -> None:
                  re.search(rf"nvidia-container-toolkit\s+x86_64\s+{re.escape(toolkit_new)}-1\s", locked) is not None, lib.tail(locked, 25))
     ladder.check("verify/with the image's lock, neither the newer driver nor the newer kernel is offered",
                  new not in locked and fake_repos.NEWER_KERNEL not in locked, lib.tail(locked, 25))
+    newer_nccl = "-".join(fake_repos.NEWER_NCCL)
+    ladder.check("verify/without the lock, dnf upgrade would bring libnccl built for a newer CUDA; with it, not",
+                 newer_nccl in unlocked and newer_nccl not in locked
+                 and f"libnccl-0:{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}.*" in lib.lock_block(root, "nccl"),
+                 f"{lib.tail(unlocked, 12)}\nnccl lock: {lib.lock_block(root, 'nccl')}")
     files = {
         "etc/slurm/gres.conf": "Name=gpu Type=h100 File=/dev/nvidia[0-3] Cores=0-23",
         "etc/slurm/cgroup.conf": "ConstrainDevices=yes",
