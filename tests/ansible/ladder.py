@@ -217,14 +217,16 @@ def main() -> int:
     core_216 = f"core-{core_version(args.core_216)}"
 
     # Four pipelines in parallel: the machine has 2 cores, and ansible-playbook waits a lot (dnf, polls, forks).
-    # A: static and check mode for both cores, unit. B: converge, then live_change, which needs the converged root:
-    # the longest chain, so A and C run niced and fill the CPU B leaves. C: the rungs on fresh roots of their own.
+    # B: converge, then live_change, which needs the converged root: the longest chain, at full priority.
+    # A: lint with the EL8-capable core, unit, check mode with both cores. C: lint with the current core, then the
+    # rungs on fresh roots of their own. Both niced: B, converge then live_change, is the longest chain.
+    (label_216, venv_216), (label_current, venv_current) = venvs.items()
+
     def pipeline_a() -> None:
         ladder_lib.set_niceness(10)
-        for label, venv in venvs.items():
-            if "static" in wanted:
-                with ladder.rung(f"static[{label}]"):
-                    static(ladder, venv, label)
+        if "static" in wanted:
+            with ladder.rung(f"static[{label_216}]"):
+                static(ladder, venv_216, label_216)
         if "unit" in wanted:
             with ladder.rung("unit"):
                 unit(ladder, args.core_current)
@@ -243,6 +245,9 @@ def main() -> int:
 
     def pipeline_c() -> None:
         ladder_lib.set_niceness(10)
+        if "static" in wanted:
+            with ladder.rung(f"static[{label_current}]"):
+                static(ladder, venv_current, label_current)
         steps = [("converge", "missing_branch", rungs_packages.missing_branch),
                  ("gpu_validate", "gpu_validate", rungs_nodes.gpu_validate), ("pytorch_env", "pytorch_env", rungs_nodes.pytorch_env)]
         for rung, name, function in steps:
@@ -250,9 +255,10 @@ def main() -> int:
                 with ladder.rung(f"{name}[{core_216}]"):
                     function(ladder, args.core_216)
 
-    # D: the real Slurm, which waits on its daemons (start-up, health check intervals, jobs) as much as it computes.
+    # D: the real Slurm; it waits on its daemons (start-up, health check intervals, jobs) as much as it computes, so
+    # it runs a little below B but above A and C.
     def pipeline_d() -> None:
-        ladder_lib.set_niceness(10)
+        ladder_lib.set_niceness(5)
         if "real_slurm" in wanted:
             with ladder.rung(f"real_slurm[{core_216}]"):
                 rungs_slurm.real_slurm(ladder, args.core_216)

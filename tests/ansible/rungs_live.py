@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import ladder_lib as lib
 from fake_gpu import libcuda_elf
@@ -199,6 +200,17 @@ def live_change(ladder, venv: Path) -> None:
                  and slurm["node"] == {"name": "gpu-a01", "state": "IDLE", "reason": ""} and f"  {rollback}  " in loaded.read_text(),
                  f"drain={drained} reboot={reboots} resume={resumed(slurm)} node={slurm['node']}")
 
+    live = SimpleNamespace(play=play, root=root, loaded=loaded, gpu_state=gpu_state, repos=repos, renamed=renamed,
+                           pins=rollback_pins, rollback=rollback, old=old, updates=updates, call_times=call_times, resumed=resumed)
+    slurm = boot_kernel(ladder, live)
+    fabric_and_rollout(ladder, live, slurm)
+
+
+def boot_kernel(ladder, node) -> dict:
+    """A kernel installed and made GRUB's default but not booted; the reboot into it; a driver that does not load."""
+    play, root, loaded, gpu_state, repos, renamed, rollback_pins, rollback, old = (
+        node.play, node.root, node.loaded, node.gpu_state, node.repos, node.renamed, node.pins, node.rollback, node.old)
+    updates, call_times, resumed = node.updates, node.call_times, node.resumed
     # 7. A newer kernel is installed and, as on EL, made GRUB's default; the node has not rebooted and still runs the
     #    old driver. First with build_for_boot_kernel false: refused, nothing changed.
     lib.rpm_install(root, sorted((repos / "baseos").glob(f"kernel-core-{NEWER_KERNEL}.rpm")))
@@ -244,7 +256,15 @@ def live_change(ladder, venv: Path) -> None:
                  and "error 802" in failure.get("msg", "") and len(call_times(slurm, "scontrol", "reboot")) == 1
                  and f"  {rollback}  " in loaded.read_text() and not resumed(slurm) and slurm["node"]["state"] == "DOWN",
                  f"{failure.get('msg', '')}\nnode={slurm['node']}")
+    return slurm
 
+
+def fabric_and_rollout(ladder, node, slurm: dict) -> None:
+    """An HGX A100 with and without Fabric Manager, nvidia-persistenced; a change without a reboot over two batches,
+    then its reboot handed to Slurm."""
+    play, root, loaded, gpu_state, rollback_pins, rollback = node.play, node.root, node.loaded, node.gpu_state, node.pins, node.rollback
+    resumed = node.resumed
+    call_times = node.call_times
     # 9. An HGX A100: fabric.state is N/A on every GPU, Fabric Manager is required all the same. With it failed (CUDA
     #    says 802), the node stays out; running (a context on every GPU), it is resumed, and nvidia-persistenced
     #    (NVIDIA's unit has no [Install]) is linked and started.
