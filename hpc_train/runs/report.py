@@ -3,10 +3,11 @@ configurations × seeds.
 
 A row per configuration: the runs grouped by the job keys that differ between them, except the seed keys
 (``train.seed`` by default). For each configuration, over its seeds: the mean and the *sample* standard
-deviation (ddof 1; none with one run) of top-1, balanced, many, medium and few accuracy at the best epoch
-(chosen as the trainer chooses it: best held-out balanced accuracy when there is a held-out split, else best
-test top-1) and at the last evaluated epoch, and how many runs finished, are running, failed. It reads each
-run's ``metrics.jsonl``, so it works while runs are still going. Torch-free and numpy-free.
+deviation (ddof 1; none with one run) of top-1, balanced, many, medium and few accuracy and the expected
+calibration error at the last evaluated epoch (the headline), at the best epoch on the held-out split (``best``,
+only with one) and at the best test top-1 (``best_on_test``: chosen on the test split, so not an estimate of
+it), and how many runs finished, are running, failed. It reads each run's ``metrics.jsonl``, so it works while
+runs are still going. Torch-free and numpy-free.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from ..errors import ConfigError
 from . import rundir
 from .index import Run, all_runs, is_run_dir, load_run
 
-METRICS = ("top1", "balanced", "many", "medium", "few")
-HEADERS = {"top1": "top-1", "balanced": "balanced", "many": "many", "medium": "medium", "few": "few"}
+METRICS = ("top1", "balanced", "many", "medium", "few", "ece")
+HEADERS = {"top1": "top-1", "balanced": "balanced", "many": "many", "medium": "medium", "few": "few", "ece": "ECE"}
+SELECTIONS = ("last", "best", "best_on_test")
+"""The epochs reported: the last (the headline), the best on the held-out split, the best test top-1."""
 STD_NOTE = "sample standard deviation (ddof 1) over seeds"
 FINISHED, RUNNING, FAILED = "finished", "running", "failed"
 _BUCKETS = {rundir.COMPLETED: FINISHED, rundir.RUNNING: RUNNING, rundir.QUEUED: RUNNING, rundir.REQUEUED: RUNNING}
@@ -37,6 +40,7 @@ class RunResult:
     best: dict[str, Any] | None
     last: dict[str, Any] | None
     train_counts: list[int] = field(default_factory=list)
+    best_on_test: dict[str, Any] | None = None
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -70,20 +74,26 @@ def evaluations(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(found.values(), key=lambda r: (r.get("global_step", 0), r["epoch"]))
 
 
-def best_and_last(records: Sequence[Mapping[str, Any]]) -> tuple[dict | None, dict | None]:
-    """The trainer's choice of the best epoch (first of equals), and the last one."""
-    if not records:
-        return None, None
-
-    def score(r: Mapping[str, Any]) -> float:
-        value = r["val"]["balanced"] if isinstance(r.get("val"), Mapping) else r.get("top1")
-        return -math.inf if value is None else float(value)
-
-    best = records[0]
-    for record in records[1:]:
-        if score(record) > score(best):
+def _first_best(records: Sequence[Mapping[str, Any]], score) -> dict | None:
+    best = None
+    for record in records:
+        if best is None or score(record) > score(best):
             best = record
-    return dict(best), dict(records[-1])
+    return None if best is None else dict(best)
+
+
+def best_and_last(records: Sequence[Mapping[str, Any]]) -> tuple[dict | None, dict | None, dict | None]:
+    """The trainer's choices (first of equals): the best epoch on the held-out split (None without one), the last
+    one, and the best test top-1 (``best_on_test``)."""
+    if not records:
+        return None, None, None
+
+    def value(v: Any) -> float:
+        return -math.inf if v is None else float(v)
+
+    held_out = [r for r in records if isinstance(r.get("val"), Mapping)]
+    best = _first_best(held_out, lambda r: value(r["val"]["balanced"]))
+    return best, dict(records[-1]), _first_best(records, lambda r: value(r.get("top1")))
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
@@ -110,8 +120,8 @@ def _train_counts(run_dir: Path) -> list[int]:
 
 
 def load(run: Run, state: str) -> RunResult:
-    best, last = best_and_last(evaluations(run.run_dir))
-    return RunResult(run, flatten(_config(run.run_dir)), state, best, last, _train_counts(run.run_dir))
+    best, last, on_test = best_and_last(evaluations(run.run_dir))
+    return RunResult(run, flatten(_config(run.run_dir)), state, best, last, _train_counts(run.run_dir), on_test)
 
 
 def select(refs: Sequence[str], root: Path) -> list[Run]:
@@ -167,7 +177,7 @@ def summarise(results: Sequence[RunResult], seed_keys: Sequence[str] = ("train.s
             "counts": counts, "states": states,
             "epochs": [m.last["epoch"] if m.last else None for m in members],
         }
-        for which in ("best", "last"):
+        for which in SELECTIONS:
             row[which] = {metric: _stats([float(getattr_or(m, which, metric)) for m in members
                                           if getattr_or(m, which, metric) is not None]) for metric in METRICS}
         rows.append(row)
@@ -190,7 +200,7 @@ def _cell(stats: Mapping[str, Any]) -> str:
 def format_report(report: Mapping[str, Any]) -> str:
     rows = report["configurations"]
     seeds = ", ".join(report["seed_keys"])
-    lines = [f"{report['runs']} run(s) in {len(rows)} configuration(s); accuracy (%) as mean ± sample std "
+    lines = [f"{report['runs']} run(s) in {len(rows)} configuration(s); accuracy and ECE (%) as mean ± sample std "
              f"(ddof 1) over {seeds}"]
     width = 16
     for row in rows:
@@ -202,9 +212,10 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines += ["", label,
                   f"  {len(row['runs'])} run(s): {c[FINISHED]} finished, {c[RUNNING]} running, {c[FAILED]} failed; "
                   f"seeds {seed_values or '-'}; epochs {shown_epochs}",
-                  "  " + "epoch".ljust(6) + "".join(HEADERS[m].rjust(width) for m in METRICS)]
-        for which in ("best", "last"):
-            lines.append("  " + which.ljust(6) + "".join(_cell(row[which][m]).rjust(width) for m in METRICS))
+                  "  " + "epoch".ljust(12) + "".join(HEADERS[m].rjust(width) for m in METRICS)]
+        for which in SELECTIONS:
+            if any(row[which][m]["n"] for m in METRICS):  # "best" only where the runs have a held-out split
+                lines.append("  " + which.ljust(12) + "".join(_cell(row[which][m]).rjust(width) for m in METRICS))
     return "\n".join(lines) + "\n"
 
 
@@ -213,7 +224,7 @@ def _value(value: Any) -> str:
 
 
 def plot(results: Sequence[RunResult], report: Mapping[str, Any], path: Path) -> None:
-    """Per-class accuracy (best epoch, mean over seeds) against training images, one line per configuration."""
+    """Per-class accuracy (last epoch, mean over seeds) against training images, one line per configuration."""
     try:
         import matplotlib
 
@@ -224,18 +235,18 @@ def plot(results: Sequence[RunResult], report: Mapping[str, Any], path: Path) ->
     by_name = {r.run.name: r for r in results}
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for row in report["configurations"]:
-        members = [by_name[n] for n in row["runs"] if by_name[n].best and by_name[n].train_counts]
+        members = [by_name[n] for n in row["runs"] if by_name[n].last and by_name[n].train_counts]
         if not members:
             continue
         counts = members[0].train_counts
-        per_class = [_mean_or_none(m.best.get("per_class", [None] * len(counts))[i] for m in members)
+        per_class = [_mean_or_none(m.last.get("per_class", [None] * len(counts))[i] for m in members)
                      for i in range(len(counts))]
         pairs = sorted((n, 100 * a) for n, a in zip(counts, per_class) if a is not None)
         label = ", ".join(f"{k.split('.', 1)[-1]}={_value(v)}" for k, v in row["config"].items()) or "runs"
         ax.plot([p[0] for p in pairs], [p[1] for p in pairs], marker="o", ms=3, label=f"{label} (n={len(members)})")
     ax.set_xscale("log")
     ax.set_xlabel("training images of the class")
-    ax.set_ylabel("test accuracy (%), best epoch, mean over seeds")
+    ax.set_ylabel("test accuracy (%), last epoch, mean over seeds")
     ax.set_ylim(-2, 102)
     ax.legend(fontsize=7)
     fig.tight_layout()
