@@ -52,8 +52,9 @@ class DataConfig:
     test_list: str | None = None
     """List-file test split (what the reported accuracies are measured on)."""
     val_fraction: float = bounded(0.0, low=0, high=1, high_open=True)
-    """Held-out fraction of the training set per class (at least one image per class), for choosing
-    τ. It shrinks the training set, so the published CIFAR-LT counts hold only at 0."""
+    """Held-out fraction of the training set per class (at least one image per class), on which the best
+    epoch (stage 2 and τ-normalisation start from it) and τ are chosen. It shrinks the training set, so the
+    published CIFAR-LT counts hold only at 0."""
     num_classes: int = bounded(10, low=2)
     """Classes of ``synthetic-lt`` (the other data sets know their own)."""
     max_per_class: int = bounded(500, low=1)
@@ -89,8 +90,9 @@ class ModelConfig:
     name: str = "small_cnn"
     """``resnet32`` (CIFAR ResNet, option-A shortcuts), ``small_cnn`` (digits), a torchvision ResNet/ResNeXt
     built without pretrained weights (:data:`ModelName`; ``resnet34_cifar`` is torchvision's ResNet-34 with the
-    3×3 stride-1 stem and no max-pool that weight balancing and ImbSAM train on CIFAR), or a plug-in ``package.module:function`` called as
-    ``function(num_classes=..., in_channels=..., **args)`` returning a feature backbone (see docs/training.md)."""
+    3×3 stride-1 stem and no max-pool that weight balancing and ImbSAM train on CIFAR), or a plug-in
+    ``package.module:function`` called as ``function(num_classes=..., in_channels=..., **args)`` returning a
+    feature backbone (see docs/training.md)."""
     args: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments of a plug-in model (built-in models take none)."""
     classifier: Literal["linear", "cosine"] = "linear"
@@ -105,8 +107,9 @@ class LossConfig:
     name: str = "ce"
     """``ce``, ``focal``, ``ldam``, ``balanced_softmax`` (logits + log n_c), ``logit_adjusted`` (logits +
     τ log π_c), ``label_aware_smoothing`` (MiSLAS), ``sigmoid_focal`` (per-class sigmoid focal loss, Cui et al.;
-    with ``reweight: class_balanced`` their CB focal loss) (:data:`LossName`), or a plug-in ``package.module:function`` called as ``function(counts=...,
-    **args)`` returning ``loss(logits, target) -> per-sample values``."""
+    with ``reweight: class_balanced`` their CB focal loss) (:data:`LossName`), or a plug-in
+    ``package.module:function`` called as ``function(counts=..., **args)`` returning ``loss(logits, target) ->
+    per-sample values``."""
     args: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments of a plug-in loss (built-in losses take none)."""
     label_smoothing: float = bounded(0.0, low=0, high=1, high_open=True)

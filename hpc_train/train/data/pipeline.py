@@ -189,7 +189,8 @@ class EpochPlan:
             idx, whole, coords = (getattr(self, prefix + k) for k in ("idx", "whole", "coords"))
             return (idx.index_select(0, pos).view(-1), whole.index_select(0, pos).view(-1),
                     None if coords is None else coords.index_select(0, pos).view(-1, 3))
-        return tuple(getattr(self, f"last_{prefix}{k}") for k in ("idx", "whole", "coords"))  # type: ignore[return-value]
+        last = tuple(getattr(self, f"last_{prefix}{k}") for k in ("idx", "whole", "coords"))
+        return last  # type: ignore[return-value]
 
     def lam(self, kind: str, pos: Tensor) -> Tensor:
         """Mixup's λ of the step at ``pos`` (0-dim)."""

@@ -233,7 +233,8 @@ class Evaluator:
         return record
 
 
-def calibration_bins(logits: Tensor, hits: Tensor, edges: Tensor, logit_scale: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+def calibration_bins(logits: Tensor, hits: Tensor, edges: Tensor,
+                     logit_scale: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
     """Per bin of the top softmax probability: images, correct predictions (``hits``) and summed probabilities.
     Bin b holds probabilities in (edges[b], edges[b + 1]], as ``np.digitize(conf, np.linspace(0, 1, 16),
     right=True)`` puts them in MiSLAS's ``calibration`` (a probability of 0 falls in none); comparisons, no

@@ -59,7 +59,8 @@ def summarize(correct: Sequence[int], count: Sequence[int], train_counts: Sequen
     return out
 
 
-def expected_calibration_error(count: Sequence[int], correct: Sequence[int], confidence: Sequence[float]) -> float | None:
+def expected_calibration_error(count: Sequence[int], correct: Sequence[int],
+                               confidence: Sequence[float]) -> float | None:
     """Σ_b |correct_b - confidence_b| / N from per-bin image counts, correct predictions and summed top
     probabilities: MiSLAS's Σ_b |acc_b - conf_b|·n_b / Σ_b n_b (``utils/metric.py``, ``calibration``)."""
     total = sum(count)

@@ -25,7 +25,8 @@ log = logging.getLogger("hpc_train.train")
 class BestHeldOut:
     """The snapshot of one run directory; ``barrier``: all ranks wait for each other (before reading)."""
 
-    def __init__(self, run_dir: Path, checkpointer: Checkpointer, barrier: Callable[[], None], *, is_main: bool) -> None:
+    def __init__(self, run_dir: Path, checkpointer: Checkpointer, barrier: Callable[[], None], *,
+                 is_main: bool) -> None:
         self.run_dir, self.checkpointer, self.barrier, self.is_main = run_dir, checkpointer, barrier, is_main
         self.path = ckpt.best_held_out_path(run_dir)
 
