@@ -69,7 +69,7 @@ for slot in $(seq 0 $(( 2 - 1 ))); do
     mkdir -p "$RUN_DIR/logs"
     case "$point" in
         0)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_F8AAEBC3C921'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_01B3398C992A'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -136,6 +136,7 @@ train:
   preempt_check_every_steps: 10
   process_group_timeout_s: 600
   tensorboard: false
+  mixup_alpha: 0.0
   data:
     name: digits-lt
     args: {}
@@ -172,6 +173,9 @@ train:
     reweight: none
     cb_beta: 0.9999
     drw_epoch: null
+    normalise: weight_sum
+    smooth_head: 0.4
+    smooth_tail: 0.1
     posthoc_tau: null
   sampler:
     name: instance
@@ -185,6 +189,9 @@ train:
     nesterov: false
     scale_lr: false
     base_batch_size: 128
+    sam_rho: 0.0
+    sam_tail_below: 0
+    sam_tail_weight: 2.0
   schedule:
     name: cosine
     warmup_epochs: 2
@@ -196,13 +203,31 @@ train:
     crt_lr: 0.2
     crt_sampler: class_aware
     crt_bn: reestimate
+    crt_reinit: true
+    crt_loss:
+      name: ce
+      args: {}
+      label_smoothing: 0.0
+      focal_gamma: 1.0
+      ldam_max_margin: 0.5
+      ldam_scale: 30.0
+      tau: 1.0
+      reweight: none
+      cb_beta: 0.9999
+      drw_epoch: null
+      normalise: weight_sum
+      smooth_head: 0.4
+      smooth_tail: 0.1
+      posthoc_tau: null
+    crt_weight_decay: null
+    crt_max_norm: null
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_F8AAEBC3C921
+HPC_TRAIN_JOB_01B3398C992A
             ;;
         1)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_F8AAEBC3C921'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_01B3398C992A'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -269,6 +294,7 @@ train:
   preempt_check_every_steps: 10
   process_group_timeout_s: 600
   tensorboard: false
+  mixup_alpha: 0.0
   data:
     name: digits-lt
     args: {}
@@ -305,6 +331,9 @@ train:
     reweight: none
     cb_beta: 0.9999
     drw_epoch: null
+    normalise: weight_sum
+    smooth_head: 0.4
+    smooth_tail: 0.1
     posthoc_tau: null
   sampler:
     name: instance
@@ -318,6 +347,9 @@ train:
     nesterov: false
     scale_lr: false
     base_batch_size: 128
+    sam_rho: 0.0
+    sam_tail_below: 0
+    sam_tail_weight: 2.0
   schedule:
     name: cosine
     warmup_epochs: 2
@@ -329,13 +361,31 @@ train:
     crt_lr: 0.2
     crt_sampler: class_aware
     crt_bn: reestimate
+    crt_reinit: true
+    crt_loss:
+      name: ce
+      args: {}
+      label_smoothing: 0.0
+      focal_gamma: 1.0
+      ldam_max_margin: 0.5
+      ldam_scale: 30.0
+      tau: 1.0
+      reweight: none
+      cb_beta: 0.9999
+      drw_epoch: null
+      normalise: weight_sum
+      smooth_head: 0.4
+      smooth_tail: 0.1
+      posthoc_tau: null
+    crt_weight_decay: null
+    crt_max_norm: null
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_F8AAEBC3C921
+HPC_TRAIN_JOB_01B3398C992A
             ;;
         2)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_F8AAEBC3C921'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_01B3398C992A'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -402,6 +452,7 @@ train:
   preempt_check_every_steps: 10
   process_group_timeout_s: 600
   tensorboard: false
+  mixup_alpha: 0.0
   data:
     name: digits-lt
     args: {}
@@ -438,6 +489,9 @@ train:
     reweight: none
     cb_beta: 0.9999
     drw_epoch: null
+    normalise: weight_sum
+    smooth_head: 0.4
+    smooth_tail: 0.1
     posthoc_tau: null
   sampler:
     name: instance
@@ -451,6 +505,9 @@ train:
     nesterov: false
     scale_lr: false
     base_batch_size: 128
+    sam_rho: 0.0
+    sam_tail_below: 0
+    sam_tail_weight: 2.0
   schedule:
     name: cosine
     warmup_epochs: 2
@@ -462,10 +519,28 @@ train:
     crt_lr: 0.2
     crt_sampler: class_aware
     crt_bn: reestimate
+    crt_reinit: true
+    crt_loss:
+      name: ce
+      args: {}
+      label_smoothing: 0.0
+      focal_gamma: 1.0
+      ldam_max_margin: 0.5
+      ldam_scale: 30.0
+      tau: 1.0
+      reweight: none
+      cb_beta: 0.9999
+      drw_epoch: null
+      normalise: weight_sum
+      smooth_head: 0.4
+      smooth_tail: 0.1
+      posthoc_tau: null
+    crt_weight_decay: null
+    crt_max_norm: null
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_F8AAEBC3C921
+HPC_TRAIN_JOB_01B3398C992A
             ;;
     esac
     run_dirs+=("$RUN_DIR")
