@@ -68,8 +68,8 @@ class Trainer:
 
         model = init_model(t, data)
         self.batchnorm = batchnorm_decision(t, ctx.world_size)
-        if self.batchnorm.on and ctx.distributed:
-            model = synchronise_batchnorm(model, self.device)
+        if self.batchnorm.on and (ctx.distributed or self.batchnorm.exact):
+            model = synchronise_batchnorm(model, self.device, exact=self.batchnorm.exact)
             if ctx.is_main:
                 log.info("BatchNorm %s", self.batchnorm.describe())
         model = model.to(self.device)
