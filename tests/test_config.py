@@ -109,6 +109,34 @@ def test_bad_job_files(tmp_path, text, message):
     assert "\n" not in str(info.value).strip()  # one line
 
 
+@pytest.mark.parametrize("sets,message", [
+    (["train.optim.sam_tail_below=20"], "sam_tail_below chooses ImbSAM's tail classes for SAM; set train.optim.sam_rho"),
+    (["train.optim.sam_rho=0.5", "train.amp=fp16", "train.device=cuda", "slurm.gpus_per_node=1",
+      "slurm.tasks_per_node=1"],
+     "train.optim.sam_rho with amp fp16"),
+    (["train.mixup_alpha=1", "train.data.name=imagefolder"], "mixup_alpha mixes images of the in-memory data sets"),
+    (["train.mixup_alpha=1", "train.optim.sam_rho=0.05", "train.optim.sam_tail_below=20"], "use one of them"),
+    (["train.mixup_alpha=1", "train.strategy=dp", "slurm.tasks_per_node=1"], "need strategy ddp or none"),
+    (["train.two_stage.crt_max_norm=0.1"], "train.two_stage.crt_max_norm applies to stage 2"),
+    (["train.two_stage.crt_reinit=false"], "train.two_stage.crt_reinit applies to stage 2"),
+    (["train.two_stage.crt_loss.name=label_aware_smoothing"], "train.two_stage.crt_loss applies to stage 2"),
+    (["train.two_stage.crt_epochs=2", "train.two_stage.crt_loss.name=nope"], "train.two_stage.crt_loss.name: must be"),
+    (["train.two_stage.crt_epochs=2", "train.two_stage.crt_loss.name=ldam"], "crt_loss.name=ldam multiplies logits"),
+    (["train.two_stage.crt_epochs=2", "train.two_stage.crt_loss.drw_epoch=1"], "stage 2 has no deferred re-weighting"),
+    (["train.two_stage.crt_epochs=2", "train.two_stage.crt_loss.posthoc_tau=1"], "post-hoc adjustment is evaluated"),
+    (["train.two_stage.crt_epochs=2", "train.two_stage.crt_max_norm=0.1", "train.model.classifier=cosine",
+      "train.loss.name=ldam"], "crt_max_norm caps the norms of a linear classifier's"),
+    (["train.loss.name=label_aware_smoothing", "train.loss.smooth_head=0.1", "train.loss.smooth_tail=0.3"],
+     "smooth_head=0.1 is below smooth_tail=0.3"),
+    (["train.loss.normalise=sum"], "train.loss.normalise: must be one of 'weight_sum', 'batch_size'"),
+    (["train.two_stage.crt_max_norm=2"], "train.two_stage.crt_max_norm must be between 0 and 1"),
+])
+def test_method_keys_are_refused_where_they_cannot_apply(sets, message):
+    with pytest.raises(ConfigError) as info:
+        resolve_job(None, site=no_site(), sets=sets)
+    assert message in str(info.value) and "\n" not in str(info.value).strip()
+
+
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
     job = write(tmp_path / "job.yaml", "name: x\nslurm:\n  nodes: 2\n  modules: [a, b\n")
     with pytest.raises(ConfigError, match=r"job\.yaml:5:1: YAML syntax error"):

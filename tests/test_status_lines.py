@@ -117,7 +117,8 @@ def test_report_lists_configurations_in_sweep_order_and_seeds_sorted(tmp_path):
     assert all([s["train.seed"] for s in row["seeds"]] == [0, 1, 2] for row in data["configurations"])
     text = report.format_report(data)
     assert re.findall(r"train\.loss\.name=(\w+)", text) == losses and text.count("seeds 0, 1, 2;") == 4
-    assert data["rows"] == ["best", "last"] and data["columns"] == ["top1", "balanced", "many", "medium", "few"]
+    assert data["rows"] == ["last", "best", "best_on_test"]
+    assert data["columns"] == ["top1", "balanced", "many", "medium", "few", "ece"]
 
 
 def test_the_readme_lists_the_status_fields_the_code_gives():

@@ -58,6 +58,7 @@ def test_wheel_without_torch(tmp_path):
          "print(importlib.util.find_spec('torch') is None, r.templates_dir().is_dir(), "
          "all((r.ansible_dir() / p).is_file() for p in ('ansible.cfg', 'site.yml', "
          "'roles/nvidia_driver/meta/argument_specs.yml', 'inventories/example/group_vars/all/gpu_stack.yml', "
-         "'roles/gpu_validate/files/nccl_allreduce.py')), 'site-packages' in str(r.jobs_dir()))"],
+         "'roles/gpu_validate/files/nccl_allreduce.py', 'roles/nvidia_driver/library/nvidia_driver_facts.py', "
+         "'roles/slurm_gpu_node/filter_plugins/slurm_conf.py')), 'site-packages' in str(r.jobs_dir()))"],
         capture_output=True, text=True, cwd=work, env=env, check=True)
     assert probe.stdout.split() == ["True", "True", "True", "True"]

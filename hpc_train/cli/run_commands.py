@@ -115,8 +115,9 @@ def report(runs: tuple[str, ...], runs_dir: str | None, seed_keys: tuple[str, ..
            plot: Path | None) -> None:
     """One table over the runs of a sweep (or any runs): a row per configuration — the keys that differ
     between the runs, except the seed — with the mean and sample standard deviation (ddof 1) over seeds of
-    top-1, balanced, many, medium and few accuracy at the best and the last epoch, and how many runs
-    finished, are running or failed. Works while runs are still going (it reads metrics.jsonl).
+    top-1, balanced, many, medium and few accuracy and the calibration error (ECE) at the last epoch, the best
+    on a held-out split (only with one) and the best on test (best_on_test), and how many runs finished, are
+    running or failed. Works while runs are still going (it reads metrics.jsonl).
 
     NAME|RUN: a job name (all its runs), an array job id or name/<array id> (that sweep), a run name, a run
     directory or a job's directory of runs.

@@ -5,9 +5,14 @@ size decide. Torch-free, so ``render`` and ``--dry-run`` show the very decision 
 :data:`AUTO_BELOW_IMAGES`. 32 images per device is what the standard BatchNorm recipes were tuned with
 (ResNet on ImageNet: 256 over 8 GPUs; Goyal et al. 2017 keep 32 per worker at every scale); below it each
 rank normalises with statistics of fewer images than those recipes assumed, and the all-reduce per
-BatchNorm layer costs little next to such a small per-device step. Identical weights at every world size
-need it on at every world size > 1 (``sync_bn: true``); above the threshold ``auto`` trades that for
-the collectives it saves.
+BatchNorm layer costs little next to such a small per-device step; it uses the fused ``nn.SyncBatchNorm``
+on CUDA.
+
+``true`` promises the same math at every world size, one rank included: every rank (a single process too)
+normalises with the one BatchNorm arithmetic of :class:`hpc_train.train.model.batchnorm.GlobalBatchNorm`
+(``exact``). Another kernel at world size 1 (PyTorch's own) rounds differently, and a rounding difference
+of 1e-7 that flips one max-pool argmax is amplified by re-weighted training to 1e-2 within an epoch.
+``false`` never synchronises.
 """
 
 from __future__ import annotations
@@ -25,9 +30,14 @@ AUTO_BELOW_IMAGES = 32
 class SyncBnDecision:
     on: bool
     reason: str
+    exact: bool = False
+    """The one BatchNorm arithmetic at every world size, one rank included (``sync_bn: true``)."""
 
     def describe(self) -> str:
-        return ("synchronised across ranks" if self.on else "per rank") + f" ({self.reason})"
+        what = "synchronised across ranks" if self.on else "per rank"
+        if self.exact:
+            what += ", the same arithmetic at every world size"
+        return f"{what} ({self.reason})"
 
 
 def decide(train: "TrainConfig", world_size: int) -> SyncBnDecision:
@@ -39,11 +49,11 @@ def rule(setting: str | bool, *, world_size: int, batch_size: int, strategy: str
     """The decision for ``train.sync_bn = setting`` with ``batch_size`` (global) over ``world_size`` ranks."""
     if strategy != "ddp":
         return SyncBnDecision(False, f"strategy {strategy} runs one process")
+    per_rank = batch_size // max(1, world_size)
+    if setting is True:
+        return SyncBnDecision(True, f"sync_bn: true, {per_rank} images per rank", exact=True)
     if world_size <= 1:
         return SyncBnDecision(False, "one rank: its batch is the global batch")
-    per_rank = batch_size // world_size
-    if setting is True:
-        return SyncBnDecision(True, f"sync_bn: true, {per_rank} images per rank")
     if setting is False:
         return SyncBnDecision(False, f"sync_bn: false, {per_rank} images per rank")
     if per_rank < AUTO_BELOW_IMAGES:

@@ -15,10 +15,11 @@ from .bounds import bounded
 
 DatasetName = Literal["cifar10-lt", "cifar100-lt", "list", "imagefolder", "digits-lt", "synthetic-lt"]
 ModelName = Literal[
-    "resnet32", "small_cnn", "resnet18", "resnet34", "resnet50", "resnet101",
+    "resnet32", "small_cnn", "resnet18", "resnet34", "resnet34_cifar", "resnet50", "resnet101",
     "resnext50_32x4d", "resnext101_32x8d",
 ]  # fmt: skip
-LossName = Literal["ce", "focal", "ldam", "balanced_softmax", "logit_adjusted"]
+LossName = Literal["ce", "focal", "ldam", "balanced_softmax", "logit_adjusted", "label_aware_smoothing",
+                   "sigmoid_focal"]
 SamplerName = Literal["instance", "class_balanced", "sqrt", "progressive", "class_aware"]
 PLUGIN_HINT = "or a plug-in 'package.module:function' (docs/training.md, Plug-ins)"
 """Data set, model and loss may also be a plug-in of the user's own, named by its import path."""
@@ -51,8 +52,9 @@ class DataConfig:
     test_list: str | None = None
     """List-file test split (what the reported accuracies are measured on)."""
     val_fraction: float = bounded(0.0, low=0, high=1, high_open=True)
-    """Held-out fraction of the training set per class (at least one image per class), for choosing
-    τ. It shrinks the training set, so the published CIFAR-LT counts hold only at 0."""
+    """Held-out fraction of the training set per class (at least one image per class), on which the best
+    epoch (stage 2 and τ-normalisation start from it) and τ are chosen. It shrinks the training set, so the
+    published CIFAR-LT counts hold only at 0."""
     num_classes: int = bounded(10, low=2)
     """Classes of ``synthetic-lt`` (the other data sets know their own)."""
     max_per_class: int = bounded(500, low=1)
@@ -87,8 +89,10 @@ class ModelConfig:
 
     name: str = "small_cnn"
     """``resnet32`` (CIFAR ResNet, option-A shortcuts), ``small_cnn`` (digits), a torchvision ResNet/ResNeXt
-    built without pretrained weights (:data:`ModelName`), or a plug-in ``package.module:function`` called as
-    ``function(num_classes=..., in_channels=..., **args)`` returning a feature backbone (see docs/training.md)."""
+    built without pretrained weights (:data:`ModelName`; ``resnet34_cifar`` is torchvision's ResNet-34 with the
+    3×3 stride-1 stem and no max-pool that weight balancing and ImbSAM train on CIFAR), or a plug-in
+    ``package.module:function`` called as ``function(num_classes=..., in_channels=..., **args)`` returning a
+    feature backbone (see docs/training.md)."""
     args: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments of a plug-in model (built-in models take none)."""
     classifier: Literal["linear", "cosine"] = "linear"
@@ -102,14 +106,17 @@ class LossConfig:
 
     name: str = "ce"
     """``ce``, ``focal``, ``ldam``, ``balanced_softmax`` (logits + log n_c), ``logit_adjusted`` (logits +
-    τ log π_c) (:data:`LossName`), or a plug-in ``package.module:function`` called as ``function(counts=...,
-    **args)`` returning ``loss(logits, target) -> per-sample values``."""
+    τ log π_c), ``label_aware_smoothing`` (MiSLAS), ``sigmoid_focal`` (per-class sigmoid focal loss, Cui et al.;
+    with ``reweight: class_balanced`` their CB focal loss) (:data:`LossName`), or a plug-in
+    ``package.module:function`` called as ``function(counts=..., **args)`` returning ``loss(logits, target) ->
+    per-sample values``."""
     args: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments of a plug-in loss (built-in losses take none)."""
     label_smoothing: float = bounded(0.0, low=0, high=1, high_open=True)
     """Label smoothing of ``ce`` (the other losses reject it rather than ignore it)."""
     focal_gamma: float = bounded(1.0, low=0)
-    """Focusing parameter γ of ``focal`` (LDAM-DRW uses 1)."""
+    """Focusing parameter γ of ``focal`` and ``sigmoid_focal`` (LDAM-DRW and Cui et al.'s CIFAR scripts use 1;
+    ``sigmoid_focal`` with γ = 0 is their sigmoid loss)."""
     ldam_max_margin: float = bounded(0.5, low=0, low_open=True)
     """Largest LDAM margin (the rarest class's); margins fall as n_c^-1/4."""
     ldam_scale: float = bounded(30.0, low=0, low_open=True)
@@ -122,6 +129,19 @@ class LossConfig:
     """β of the class-balanced weights (1-β)/(1-β^n_c), normalised to sum to the number of classes."""
     drw_epoch: int | None = None
     """Deferred re-weighting: class-balanced weights from this epoch index on (LDAM-DRW: 160)."""
+    normalise: Literal["weight_sum", "batch_size"] = "weight_sum"
+    """What the softmax cross-entropy losses (``ce``, ``ldam``, ``balanced_softmax``, ``logit_adjusted``,
+    ``label_aware_smoothing``, plug-ins) divide the global batch's summed loss by: the summed class weights of its
+    targets (``weight_sum``: ``F.cross_entropy(weight=w)``, LDAM-DRW) or its size (``batch_size``: Cui et al.'s
+    class-balanced softmax, TensorFlow's default reduction). Equal without class weights. ``focal`` and
+    ``sigmoid_focal`` are batch means in their references and always divide by the batch size."""
+    smooth_head: float = bounded(0.4, low=0, high=1)
+    """``label_aware_smoothing``: the smoothing ε of the most frequent class (MiSLAS's CIFAR-100-LT IF 100
+    config: 0.4; CIFAR-10-LT: 0.3)."""
+    smooth_tail: float = bounded(0.1, low=0, high=1)
+    """``label_aware_smoothing``: ε of the rarest class (MiSLAS: 0.1 on CIFAR-100-LT, 0.0 on CIFAR-10-LT); the
+    classes between follow MiSLAS's concave ramp ε_c = tail + (head - tail)·sin(π/2·(n_c - n_min)/(n_max -
+    n_min))."""
     posthoc_tau: float | None = None
     """Also evaluate with post-hoc logit adjustment, logits - tau * log(prior) (reported as ``posthoc``)."""
 
@@ -156,6 +176,17 @@ class OptimConfig:
     """Linear scaling: lr * batch_size / ``base_batch_size``."""
     base_batch_size: int = bounded(128, low=1)
     """The batch size ``lr`` was tuned for (used by ``scale_lr``)."""
+    sam_rho: float = bounded(0.0, low=0)
+    """Sharpness-aware minimisation (SAM): the radius ρ of the ascent step w + ρ·g/‖g‖ (0: off). Each step
+    takes two forward-backward passes: the ascent gradient g (all-reduced across ranks first: one global ε),
+    then the gradient at the perturbed weights, with which the optimizer steps from w. Saddle-LongTail trains
+    LDAM-DRW with ρ 0.8 on CIFAR-LT."""
+    sam_tail_below: int = bounded(0, low=0)
+    """ImbSAM: classes with fewer training images than this get the sharpness-aware step, the others a plain
+    one (the ascent direction is the tail part's gradient only; ImbSAM's ``--eta``: 20). 0: SAM on every class."""
+    sam_tail_weight: float = bounded(2.0, low=0, low_open=True)
+    """ImbSAM: the factor on the tail part of the loss (its code multiplies the tail loss by 2,
+    ``utils/trainval.py``); used only when ``sam_tail_below`` > 0."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,9 +218,23 @@ class TwoStageConfig:
     crt_sampler: SamplerName = "class_aware"
     """Sampler of the cRT epochs (default: classifier-balancing's class-aware sampler, with
     ``sampler.per_class_draw`` images per draw and floor(N / batch) steps per epoch)."""
-    crt_bn: Literal["reestimate", "frozen"] = "reestimate"
+    crt_bn: Literal["reestimate", "shift", "frozen"] = "reestimate"
     """BatchNorm in cRT: ``reestimate`` keeps the frozen backbone in training mode, so its statistics are
-    re-estimated on the class-balanced batches (classifier-balancing); ``frozen`` keeps stage 1's."""
+    re-estimated on the class-balanced batches (classifier-balancing); ``shift`` is MiSLAS's name for the same
+    (its shifted BatchNorm: ``model.train()`` under ``no_grad`` in stage 2); ``frozen`` keeps stage 1's."""
+    crt_reinit: bool = True
+    """Re-initialise the classifier when stage 2 starts (cRT: a new ``nn.Linear``, PyTorch's default init); false
+    fine-tunes the stage-1 classifier, as MiSLAS and weight balancing do."""
+    crt_loss: LossConfig = field(default_factory=LossConfig)
+    """The loss of stage 2, a section like ``train.loss`` (default: cross-entropy, classifier-balancing's cRT;
+    MiSLAS: ``label_aware_smoothing``; weight balancing: class-balanced)."""
+    crt_weight_decay: float | None = bounded(None, low=0)
+    """Weight decay of stage 2 (unset: ``optim.weight_decay``; weight balancing: 0.1)."""
+    crt_max_norm: float | None = bounded(None, low=0, high=1)
+    """Weight balancing's MaxNorm (``MaxNorm_via_PGD``): at the start of stage 2 the radius is fixed at
+    min + t·(max - min) of the classifier's per-class weight norms (t this value; its demo: 0.1), and after
+    every stage-2 epoch each class vector longer than the radius is scaled back onto it (the bias is not
+    constrained). Unset: off."""
     crt_lr_update: Literal["step", "epoch"] = "epoch"
     """When cRT's cosine lr changes (see ``schedule.update``; ``epoch`` is classifier-balancing's)."""
     tau_norm: bool = False
@@ -269,6 +314,10 @@ class TrainConfig:
     """A dead or stuck rank ends the job after this long instead of blocking to the time limit."""
     tensorboard: bool = False
     """Also write the scalars of metrics.jsonl as TensorBoard event files (``<run dir>/tensorboard/``)."""
+    mixup_alpha: float = bounded(0.0, low=0)
+    """Mixup in the main stage (MiSLAS stage 1: 1.0 on CIFAR): each global batch is mixed with a permutation of
+    itself, x = λ·x + (1 - λ)·x[π], loss λ·L(y) + (1 - λ)·L(y[π]), λ ~ Beta(α, α). λ and π are drawn per
+    global batch from (seed, epoch, step), so the result does not depend on the world size. 0: off."""
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)

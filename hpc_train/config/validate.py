@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from . import bounds
 from .job import JobSpec, SlurmConfig, time_to_minutes
 from .plugins import is_import_path
-from .training import PLUGIN_HINT, DatasetName, LossName, ModelName, TrainConfig
+from .training import PLUGIN_HINT, DatasetName, LossConfig, LossName, ModelName, TrainConfig
 
 MAX_NAME_CHARS = 128
 """A job name is a directory name and a Slurm job name: short enough for both (NAME_MAX is 255 bytes)."""
@@ -176,6 +176,7 @@ def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:
     _validate_run(t, s)
     _validate_data(t)
     _validate_loss(t)
+    _validate_methods(t)
     _validate_schedule(t)
 
 
@@ -218,20 +219,73 @@ def _validate_data(t: TrainConfig) -> None:
 
 
 def _validate_loss(t: TrainConfig) -> None:
+    _validate_loss_section(t.loss, "train.loss", t.model.classifier, t.epochs)
     loss = t.loss
-    if loss.label_smoothing and loss.name != "ce":
-        raise ConfigError(f"train.loss.label_smoothing applies to ce only, not {loss.name}; set it to 0")
-    if loss.drw_epoch is not None:
-        if not 0 <= loss.drw_epoch < t.epochs:
-            raise ConfigError(f"train.loss.drw_epoch={loss.drw_epoch} must be an epoch index in [0, {t.epochs})")
-        if loss.reweight != "none":
-            raise ConfigError("train.loss.drw_epoch defers re-weighting; it needs reweight: none (not both)")
+    if loss.drw_epoch is not None and loss.reweight != "none":
+        raise ConfigError("train.loss.drw_epoch defers re-weighting; it needs reweight: none (not both)")
     if t.model.classifier == "cosine" and loss.name != "ldam" and not is_import_path(loss.name):
         raise ConfigError("train.model.classifier=cosine gives logits in [-1, 1] and is scaled by the LDAM loss "
                           "only; use loss ldam or classifier linear")
-    if loss.name == "ldam" and t.model.classifier != "cosine":
-        raise ConfigError("train.loss.name=ldam multiplies logits by ldam_scale, which presumes the cosine "
+
+
+def _validate_loss_section(loss: LossConfig, key: str, classifier: str, epochs: int) -> None:
+    """The rules of one loss section (``train.loss``, ``train.two_stage.crt_loss``)."""
+    builtin = typing.get_args(LossName)
+    if loss.name not in builtin and not is_import_path(loss.name):
+        raise ConfigError(f"{key}.name: must be one of {', '.join(map(repr, builtin))} {PLUGIN_HINT}, "
+                          f"got {loss.name!r}")
+    if loss.args and loss.name in builtin:
+        raise ConfigError(f"{key}.args: are for plug-ins; {loss.name} takes its settings from {key}.* keys")
+    if loss.label_smoothing and loss.name != "ce":
+        raise ConfigError(f"{key}.label_smoothing applies to ce only, not {loss.name}; set it to 0")
+    if loss.drw_epoch is not None:
+        if not 0 <= loss.drw_epoch < epochs:
+            raise ConfigError(f"{key}.drw_epoch={loss.drw_epoch} must be an epoch index in [0, {epochs})")
+        if loss.reweight != "none":
+            raise ConfigError(f"{key}.drw_epoch defers re-weighting; it needs reweight: none (not both)")
+    if loss.name == "ldam" and classifier != "cosine":
+        raise ConfigError(f"{key}.name=ldam multiplies logits by ldam_scale, which presumes the cosine "
                           "classifier's logits in [-1, 1] (LDAM-DRW); set train.model.classifier=cosine")
+    if loss.name == "label_aware_smoothing" and loss.smooth_head < loss.smooth_tail:
+        # MiSLAS smooths the head more than the tail; the other order is a typo, not a recipe.
+        raise ConfigError(f"{key}.smooth_head={loss.smooth_head} is below smooth_tail={loss.smooth_tail}; "
+                          "label-aware smoothing smooths frequent classes more (MiSLAS: 0.4 / 0.1)")
+
+
+def _validate_methods(t: TrainConfig) -> None:
+    """SAM, mixup and the stage-2 keys: only where they apply."""
+    o, two = t.optim, t.two_stage
+    if o.sam_tail_below and not o.sam_rho:
+        raise ConfigError("train.optim.sam_tail_below chooses ImbSAM's tail classes for SAM; set train.optim.sam_rho "
+                          "too (ImbSAM: 0.05)")
+    if t.mixup_alpha and t.data.name in ("list", "imagefolder"):
+        raise ConfigError(f"train.mixup_alpha mixes images of the in-memory data sets (CIFAR, digits, synthetic); "
+                          f"{t.data.name} streams its batches from disk: set it to 0")
+    if t.mixup_alpha and o.sam_tail_below:
+        raise ConfigError("train.optim.sam_tail_below splits the batch by its targets' classes, which mixup "
+                          "blends; use one of them")
+    if o.sam_rho and t.amp == "fp16":
+        raise ConfigError("train.optim.sam_rho with amp fp16: the gradient scaler takes one backward pass per step, "
+                          "SAM takes two; use amp bf16 or off")
+    if (o.sam_rho or t.mixup_alpha) and t.strategy == "dp":
+        raise ConfigError("train.optim.sam_rho and train.mixup_alpha need strategy ddp or none (not dp)")
+    staged = {"crt_max_norm": two.crt_max_norm is not None, "crt_weight_decay": two.crt_weight_decay is not None,
+              "crt_reinit": not two.crt_reinit, "crt_loss": two.crt_loss != LossConfig()}
+    for name, set_here in staged.items():
+        if set_here and not two.crt_epochs:
+            raise ConfigError(f"train.two_stage.{name} applies to stage 2; set train.two_stage.crt_epochs (or remove "
+                              "it)")
+    if two.crt_epochs:
+        _validate_loss_section(two.crt_loss, "train.two_stage.crt_loss", t.model.classifier, two.crt_epochs)
+        if two.crt_loss.posthoc_tau is not None:
+            raise ConfigError("train.two_stage.crt_loss.posthoc_tau: post-hoc adjustment is evaluated from "
+                              "train.loss.posthoc_tau; remove it here")
+        if two.crt_loss.drw_epoch is not None:
+            raise ConfigError("train.two_stage.crt_loss.drw_epoch: stage 2 has no deferred re-weighting; use "
+                              "reweight: class_balanced")
+    if two.crt_max_norm is not None and t.model.classifier != "linear":
+        raise ConfigError("train.two_stage.crt_max_norm caps the norms of a linear classifier's class vectors; the "
+                          "cosine classifier's are normalised anyway: use classifier linear")
 
 
 def _validate_schedule(t: TrainConfig) -> None:

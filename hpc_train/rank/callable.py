@@ -67,7 +67,7 @@ class TrainJob:
         _exit_quietly_after_submitit()
         keep = ("run_dir", "dataset", "epochs", "global_step", "world_size", "group_sizes", "table")
         brief = {k: summary.get(k) for k in keep}
-        for which in ("best", "last", "tau_norm"):
+        for which in ("last", "best", "best_on_test", "tau_norm"):
             record = summary.get(which)
             brief[which] = None if record is None else {k: v for k, v in record.items() if k != "per_class"}
         return brief

@@ -3,10 +3,11 @@ configurations × seeds.
 
 A row per configuration: the runs grouped by the job keys that differ between them, except the seed keys
 (``train.seed`` by default). For each configuration, over its seeds: the mean and the *sample* standard
-deviation (ddof 1; none with one run) of top-1, balanced, many, medium and few accuracy at the best epoch
-(chosen as the trainer chooses it: best held-out balanced accuracy when there is a held-out split, else best
-test top-1) and at the last evaluated epoch, and how many runs finished, are running, failed. It reads each
-run's ``metrics.jsonl``, so it works while runs are still going. Torch-free and numpy-free.
+deviation (ddof 1; none with one run) of top-1, balanced, many, medium and few accuracy and the expected
+calibration error at the last evaluated epoch (the headline), at the best epoch on the held-out split (``best``,
+only with one) and at the best test top-1 (``best_on_test``: chosen on the test split, so not an estimate of
+it), and how many runs finished, are running, failed. It reads each run's ``metrics.jsonl``, so it works while
+runs are still going. Torch-free and numpy-free.
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ class Row:
 
 
 COLUMNS: list[Column] = [Column("top1", "top-1"), Column("balanced", "balanced"), Column("many", "many"),
-                         Column("medium", "medium"), Column("few", "few")]
+                         Column("medium", "medium"), Column("few", "few"), Column("ece", "ECE")]
 """The report's columns, in order; another figure (a calibration error) is one more Column."""
-ROWS: list[Row] = [Row("best", lambda r: r.best), Row("last", lambda r: r.last)]
-"""The epochs each configuration is shown at, in order; another choice of epoch is one more Row."""
+ROWS: list[Row] = [Row("last", lambda r: r.last), Row("best", lambda r: r.best),
+                   Row("best_on_test", lambda r: r.best_on_test)]
+"""The epochs each configuration is shown at, in order: the last (the headline), the best on the held-out split
+(runs with one), the best test top-1; another choice of epoch is one more Row."""
 STD_NOTE = "sample standard deviation (ddof 1) over seeds"
 FINISHED, RUNNING, FAILED = "finished", "running", "failed"
 _BUCKETS = {rundir.COMPLETED: FINISHED, rundir.RUNNING: RUNNING, rundir.QUEUED: RUNNING, rundir.REQUEUED: RUNNING}
@@ -57,6 +60,7 @@ class RunResult:
     best: dict[str, Any] | None
     last: dict[str, Any] | None
     train_counts: list[int] = field(default_factory=list)
+    best_on_test: dict[str, Any] | None = None
     elapsed_s: float = 0.0
     """Wall time of all its launches (requeued attempts and continuations included)."""
     stragglers: list[dict[str, Any]] = field(default_factory=list)
@@ -149,20 +153,26 @@ def evaluations(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(found.values(), key=lambda r: (r.get("global_step", 0), r["epoch"]))
 
 
-def best_and_last(records: Sequence[Mapping[str, Any]]) -> tuple[dict | None, dict | None]:
-    """The trainer's choice of the best epoch (first of equals), and the last one."""
-    if not records:
-        return None, None
-
-    def score(r: Mapping[str, Any]) -> float:
-        value = r["val"]["balanced"] if isinstance(r.get("val"), Mapping) else r.get("top1")
-        return -math.inf if value is None else float(value)
-
-    best = records[0]
-    for record in records[1:]:
-        if score(record) > score(best):
+def _first_best(records: Sequence[Mapping[str, Any]], score: Callable[[Mapping[str, Any]], float]) -> dict | None:
+    best = None
+    for record in records:
+        if best is None or score(record) > score(best):
             best = record
-    return dict(best), dict(records[-1])
+    return None if best is None else dict(best)
+
+
+def best_and_last(records: Sequence[Mapping[str, Any]]) -> tuple[dict | None, dict | None, dict | None]:
+    """The trainer's choices (first of equals): the best epoch on the held-out split (None without one), the last
+    one, and the best test top-1 (``best_on_test``)."""
+    if not records:
+        return None, None, None
+
+    def value(v: Any) -> float:
+        return -math.inf if v is None else float(v)
+
+    held_out = [r for r in records if isinstance(r.get("val"), Mapping)]
+    best = _first_best(held_out, lambda r: value(r["val"]["balanced"]))
+    return best, dict(records[-1]), _first_best(records, lambda r: value(r.get("top1")))
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
@@ -191,8 +201,8 @@ def _train_counts(run_dir: Path) -> list[int]:
 def load(run: Run, state: str) -> RunResult:
     from .status import stragglers_of_run
 
-    best, last = best_and_last(evaluations(run.run_dir))
-    return RunResult(run, flatten(_config(run.run_dir)), state, best, last, _train_counts(run.run_dir),
+    best, last, on_test = best_and_last(evaluations(run.run_dir))
+    return RunResult(run, flatten(_config(run.run_dir)), state, best, last, _train_counts(run.run_dir), on_test,
                      elapsed_s=launch_seconds(rundir.read_events(run.run_dir)), stragglers=stragglers_of_run(run.run_dir))
 
 
@@ -289,7 +299,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     rows = report["configurations"]
     seeds = ", ".join(report["seed_keys"])
     total = sum(row["gpu_hours"] for row in rows)
-    lines = [f"{report['runs']} run(s) in {len(rows)} configuration(s); accuracy (%) as mean ± sample std "
+    lines = [f"{report['runs']} run(s) in {len(rows)} configuration(s); accuracy and ECE (%) as mean ± sample std "
              f"(ddof 1) over {seeds}; {total:.2f} GPU-hours in all"]
     width = 16
     for row in rows:
@@ -302,10 +312,12 @@ def format_report(report: Mapping[str, Any]) -> str:
                   f"  {len(row['runs'])} run(s): {c[FINISHED]} finished, {c[RUNNING]} running, {c[FAILED]} failed; "
                   f"seeds {seed_values or '-'}; epochs {shown_epochs}",
                   *[f"  {text}" for part in SUMMARIES if (text := part.text(row))],
-                  "  " + "epoch".ljust(6) + "".join(col.header.rjust(width) for col in COLUMNS)]
+                  "  " + "epoch".ljust(12) + "".join(col.header.rjust(width) for col in COLUMNS)]
         for which in ROWS:
-            lines.append("  " + which.name.ljust(6) + "".join(_cell(row[which.name][col.key]).rjust(width)
-                                                              for col in COLUMNS))
+            cells = row[which.name]
+            if any(cells[col.key]["n"] for col in COLUMNS):  # "best" only where the runs have a held-out split
+                lines.append("  " + which.name.ljust(12)
+                             + "".join(_cell(cells[col.key]).rjust(width) for col in COLUMNS))
     return "\n".join(lines) + "\n"
 
 
@@ -314,7 +326,7 @@ def _value(value: Any) -> str:
 
 
 def curves(results: Sequence[RunResult], report: Mapping[str, Any]) -> tuple[list[Any], list[str]]:
-    """Per configuration, per-class accuracy (%) at the best epoch over its seeds (mean, sample std), and the
+    """Per configuration, per-class accuracy (%) at the last epoch over its seeds (mean, sample std), and the
     configurations that have no finished run with per-class figures (left out of the picture, and named)."""
     from .plots import Curve
 
@@ -322,7 +334,7 @@ def curves(results: Sequence[RunResult], report: Mapping[str, Any]) -> tuple[lis
     drawn, left_out = [], []
     for row in report["configurations"]:
         label = ", ".join(f"{k.split('.', 1)[-1]}={_value(v)}" for k, v in row["config"].items()) or "all runs"
-        members = [by_name[n] for n in row["runs"] if by_name[n].best and by_name[n].train_counts
+        members = [by_name[n] for n in row["runs"] if by_name[n].last and by_name[n].train_counts
                    and by_name[n].state == rundir.COMPLETED]
         if not members:
             states = ", ".join(f"{n} {state}" for state, n in row["states"].items())
@@ -331,8 +343,8 @@ def curves(results: Sequence[RunResult], report: Mapping[str, Any]) -> tuple[lis
         counts = members[0].train_counts
         points = []
         for i, count in enumerate(counts):
-            values = [100 * m.best["per_class"][i] for m in members
-                      if len(m.best.get("per_class") or []) > i and m.best["per_class"][i] is not None]
+            values = [100 * m.last["per_class"][i] for m in members
+                      if len(m.last.get("per_class") or []) > i and m.last["per_class"][i] is not None]
             if values:
                 points.append((count, statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None))
         drawn.append(Curve(label, len(members), tuple(sorted(points))))
@@ -340,7 +352,7 @@ def curves(results: Sequence[RunResult], report: Mapping[str, Any]) -> tuple[lis
 
 
 def plot(results: Sequence[RunResult], report: Mapping[str, Any], path: Path) -> None:
-    """Per-class accuracy at the best epoch against training images: a line per configuration (mean over seeds)
+    """Per-class accuracy at the last epoch against training images: a line per configuration (mean over seeds)
     in a band of ± one sample std, the many / medium / few regions, a title saying so, and the configurations
     that could not be drawn named beneath."""
     try:
@@ -351,7 +363,7 @@ def plot(results: Sequence[RunResult], report: Mapping[str, Any], path: Path) ->
         raise ConfigError("--plot needs matplotlib: pip install 'hpc-train[plot]'") from None
     drawn, left_out = curves(results, report)
     seeds = ", ".join(report["seed_keys"])
-    title = (f"per-class test accuracy at the best epoch: mean ± sample std over {seeds}\n"
+    title = (f"per-class test accuracy at the last epoch: mean ± sample std over {seeds}\n"
              f"{sum(c.seeds for c in drawn)} finished run(s) in {len(drawn)} of {len(report['configurations'])} "
              "configuration(s)")
     figure = plots.sweep_figure(drawn, left_out, title)

@@ -154,8 +154,6 @@ def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_par
     counts = [int(c) for c in data.train_counts]
     groups = group_sizes(counts)
     rows = [" ".join(str(c) for c in counts[i:i + 20]) for i in range(0, len(counts), 20)]
-    loss = t.loss.name + (f", DRW from epoch {t.loss.drw_epoch}" if t.loss.drw_epoch is not None else "") + (
-        ", class-balanced weights" if t.loss.reweight == "class_balanced" else "")
     lines = [
         "hpc-train plan (dry run: nothing is trained)",
         f"  data           {data.name} from {t.data.root} (profile {t.data.profile}, imbalance factor "
@@ -175,9 +173,36 @@ def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_par
                                           f"{t.two_stage.crt_sampler})" if t.two_stage.crt_epochs else "")
         + (", then tau-normalisation" if t.two_stage.tau_norm else ""),
         f"  model          {t.model.name} ({num_params} parameters, {t.model.classifier} classifier)",
-        f"  loss           {loss}",
+        f"  loss           {_loss_text(t.loss)}",
+        *_method_lines(t),
     ]
     return "\n".join(lines)
+
+
+def _loss_text(loss) -> str:
+    weighted = loss.reweight == "class_balanced" or loss.drw_epoch is not None
+    return loss.name + (f", DRW from epoch {loss.drw_epoch}" if loss.drw_epoch is not None else "") + (
+        ", class-balanced weights" if loss.reweight == "class_balanced" else "") + (
+        ", normalised by the batch size" if weighted and loss.normalise == "batch_size" else "")
+
+
+def _method_lines(t) -> list[str]:
+    """The plan's lines for SAM / ImbSAM, mixup and stage 2's own settings (only those in use)."""
+    o, two, lines = t.optim, t.two_stage, []
+    if o.sam_rho:
+        tail = (f", ImbSAM: classes with fewer than {o.sam_tail_below} images (tail loss x{o.sam_tail_weight:g})"
+                if o.sam_tail_below else ", every class")
+        lines.append(f"  sam            rho {o.sam_rho:g}{tail}; two forward-backward passes per step")
+    if t.mixup_alpha:
+        lines.append(f"  mixup          alpha {t.mixup_alpha:g}, per global batch (main stage)")
+    if two.crt_epochs:
+        decay = t.optim.weight_decay if two.crt_weight_decay is None else two.crt_weight_decay
+        lines.append(f"  stage 2        {'classifier re-initialised' if two.crt_reinit else 'classifier fine-tuned'}, "
+                     f"loss {_loss_text(two.crt_loss)}, lr {two.crt_lr:g}, weight decay {decay:g}, BatchNorm "
+                     f"{two.crt_bn}" + (f", MaxNorm {two.crt_max_norm:g}" if two.crt_max_norm is not None else "")
+                     + (", from the best epoch on the held-out split" if t.data.val_fraction or t.data.val_list else
+                        ", from the end of stage 1"))
+    return lines
 
 
 def _check_launcher(spec: JobSpec) -> DistEnv:
@@ -199,13 +224,16 @@ def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
     t = spec.train
     world = spec.slurm.world_size if (env.source == "single" and t.strategy == "ddp") else env.world_size
     data = datasets.load(t.data, download_ok=False)
+    if t.mixup_alpha and not data.in_memory:
+        raise ConfigError(f"train.mixup_alpha mixes in-memory data sets; {data.name} streams from disk: set it to 0")
     model = init_model(t, data)
     counts = [int(c) for c in data.train_counts]
-    build_loss(t.loss, counts)
-    if is_import_path(t.loss.name):  # a plug-in loss must give per-sample values (exit 2 otherwise)
-        from .model.plugins import probe_loss
+    for loss in (t.loss, *((t.two_stage.crt_loss,) if t.two_stage.crt_epochs else ())):
+        build_loss(loss, counts)
+        if is_import_path(loss.name):  # a plug-in loss must give per-sample values (exit 2 otherwise)
+            from .model.plugins import probe_loss
 
-        probe_loss(t.loss, counts)
+            probe_loss(loss, counts)
     steps = stage_sampler(t, data.train.labels, data.num_classes, "main").steps_per_epoch(t.batch_size)
     crt_steps = (stage_sampler(t, data.train.labels, data.num_classes, "crt").steps_per_epoch(t.batch_size)
                  if t.two_stage.crt_epochs else 0)

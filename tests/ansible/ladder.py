@@ -12,9 +12,9 @@ Rungs, each printed with its wall time:
                     resume; rollback 570 -> 550; unknown NodeName; kernel update; failed fabric manager
   gpu_validate      validate.yml against a stand-in nvidia-smi (rungs_nodes.py)
   pytorch_env       the pytorch_env role for real from stand-in wheels; docs/ansible.md's offline recipe
-  slurm             site.yml --tags slurm on a controller and a node with Slurm/systemctl stand-ins
+  real_slurm        site.yml --tags slurm against a real Slurm 22.05 (rungs_slurm.py): classic and configless
 
-Three pipelines run in parallel threads (see main). Every check prints PASS or FAIL; the last line is
+Four pipelines run in parallel threads (see main). Every check prints PASS or FAIL; the last line is
 "N passed, N failed". Usage:
     python ladder.py --core-216 VENV --core-current VENV [--only RUNG ...]
 """
@@ -40,10 +40,11 @@ import ladder_lib  # noqa: E402
 import rungs_live  # noqa: E402
 import rungs_nodes  # noqa: E402
 import rungs_packages  # noqa: E402
+import rungs_slurm  # noqa: E402
 from ladder_lib import ANSIBLE, EXAMPLE, WORK, ansible_env, core_version, run, tail  # noqa: E402
 
 PLAYBOOKS = ["site.yml", "gpu_nodes.yml", "validate.yml", "image_build.yml"]
-RUNGS = ["static", "unit", "check", "converge", "live", "gpu_validate", "pytorch_env", "slurm"]
+RUNGS = ["static", "unit", "check", "converge", "live", "gpu_validate", "pytorch_env", "real_slurm"]
 # Slurm's running configuration in the check rung: what site.yml's controller play leaves (scontrol show config).
 CHECK_SLURM_CONFIG = {"GresTypes": "gpu", "PropagateResourceLimits": "(null)", "PropagateResourceLimitsExcept": "MEMLOCK"}
 
@@ -105,7 +106,7 @@ def unit(ladder: Ladder, venv: Path) -> None:
     junit = WORK / "unit-junit.xml"
     junit.unlink(missing_ok=True)
     result = run([str(venv / "bin" / "python"), "-m", "pytest", "-c", str(HERE / "pytest.ini"), "-q", f"--junitxml={junit}",
-                  "test_templates.py", "test_role_rules.py", "test_provision.py"], ansible_env(venv), WORK / "logs" / "unit.log")
+                  "test_templates.py", "test_role_rules.py", "test_provision.py", "test_driver_facts.py", "test_slurm_conf_filters.py", "test_cuda_context.py"], ansible_env(venv), WORK / "logs" / "unit.log")
     if not junit.exists():
         ladder.check("unit/pytest ran", False, tail(result.stdout + result.stderr))
         return
@@ -136,6 +137,8 @@ def check_mode(ladder: Ladder, venv: Path, label: str) -> None:
         fixtures = {host: fixture for host, fixture in fixtures.items() if "tags" not in fixture}
     for host, fixture in fixtures.items():
         ladder_lib.build_fixture_machine(fixture, check_root / host)
+    # What each root holds before the run (its slurm.conf, a fixture's files): check mode must leave exactly that.
+    before = {host: ladder_lib.tree(check_root / host / "root") for host in fixtures}
     slurm_state = ladder_lib.write_state(WORK / f"check-{label}-slurm.json", {"calls": [], "config": CHECK_SLURM_CONFIG})
     # Fixtures that only concern the driver (a "tags" key: the kernel flavours) run only preflight and the driver, in
     # a second run: the rest of the stack is the same as el9's.
@@ -186,9 +189,9 @@ def check_mode(ladder: Ladder, venv: Path, label: str) -> None:
                          f"no diff for {path}" if text is None else f"missing lines {missing} in:\n{text}")
         for path in expect.get("absent", []):
             ladder.check(f"{name}: does not write {path}", path not in afters)
-        written = [path for path in afters if path.startswith("/")]
-        ladder.check(f"{name}: check mode left the root untouched", not any((check_root / host / "root" / p.lstrip("/")).exists() for p in written),
-                     "files were written in check mode")
+        after = ladder_lib.tree(check_root / host / "root")
+        ladder.check(f"{name}: check mode left the root untouched", after == before[host],
+                     f"changed in check mode: {sorted(k for k in set(after) | set(before[host]) if after.get(k) != before[host].get(k))[:6]}")
     calls = json.loads(slurm_state.read_text())["calls"]
     ladder.check(f"check[{label}]/check mode only asked Slurm (scontrol show config), changed nothing there",
                  {tuple(c["argv"]) for c in calls} <= {("scontrol", "show", "config")} and calls, str(calls[:5]))
@@ -213,15 +216,17 @@ def main() -> int:
     wanted = set(args.only or RUNGS)
     core_216 = f"core-{core_version(args.core_216)}"
 
-    # Three pipelines in parallel: the machine has 2 cores, and ansible-playbook waits a lot (dnf, polls, forks).
-    # A: static and check mode for both cores, unit. B: converge, then live_change, which needs the converged root:
-    # the longest chain, so A and C run niced and fill the CPU B leaves. C: the rungs on fresh roots of their own.
+    # Four pipelines in parallel: the machine has 2 cores, and ansible-playbook waits a lot (dnf, polls, forks).
+    # B: converge, then live_change, which needs the converged root: the longest chain, at full priority.
+    # A: lint with the EL8-capable core, unit, check mode with both cores. C: lint with the current core, then the
+    # rungs on fresh roots of their own. Both niced: B, converge then live_change, is the longest chain.
+    (label_216, venv_216), (label_current, venv_current) = venvs.items()
+
     def pipeline_a() -> None:
         ladder_lib.set_niceness(10)
-        for label, venv in venvs.items():
-            if "static" in wanted:
-                with ladder.rung(f"static[{label}]"):
-                    static(ladder, venv, label)
+        if "static" in wanted:
+            with ladder.rung(f"static[{label_216}]"):
+                static(ladder, venv_216, label_216)
         if "unit" in wanted:
             with ladder.rung("unit"):
                 unit(ladder, args.core_current)
@@ -240,14 +245,26 @@ def main() -> int:
 
     def pipeline_c() -> None:
         ladder_lib.set_niceness(10)
-        steps = [("converge", "missing_branch", rungs_packages.missing_branch), ("slurm", "slurm", rungs_nodes.slurm),
+        if "static" in wanted:
+            with ladder.rung(f"static[{label_current}]"):
+                static(ladder, venv_current, label_current)
+        steps = [("converge", "missing_branch", rungs_packages.missing_branch),
                  ("gpu_validate", "gpu_validate", rungs_nodes.gpu_validate), ("pytorch_env", "pytorch_env", rungs_nodes.pytorch_env)]
         for rung, name, function in steps:
             if rung in wanted:
                 with ladder.rung(f"{name}[{core_216}]"):
                     function(ladder, args.core_216)
 
-    threads = [threading.Thread(target=pipeline, name=pipeline.__name__) for pipeline in (pipeline_a, pipeline_b, pipeline_c)]
+    # D: the real Slurm; it waits on its daemons (start-up, health check intervals, jobs) as much as it computes, so
+    # it runs a little below B but above A and C.
+    def pipeline_d() -> None:
+        ladder_lib.set_niceness(5)
+        if "real_slurm" in wanted:
+            with ladder.rung(f"real_slurm[{core_216}]"):
+                rungs_slurm.real_slurm(ladder, args.core_216)
+
+    threads = [threading.Thread(target=pipeline, name=pipeline.__name__)
+               for pipeline in (pipeline_a, pipeline_b, pipeline_c, pipeline_d)]
     for thread in threads:
         thread.start()
     for thread in threads:

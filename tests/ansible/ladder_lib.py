@@ -165,10 +165,10 @@ def module_stream(root: Path) -> str:
     return match.group(1) if match and "state=enabled" in text else ""
 
 
-def lock_block(root: Path) -> list[str]:
+def lock_block(root: Path, role: str = "nvidia_driver") -> list[str]:
     path = root / "etc" / "dnf" / "plugins" / "versionlock.list"
     text = path.read_text() if path.exists() else ""
-    match = re.search(r"# BEGIN hpc-train nvidia_driver locks\n(.*?)# END hpc-train nvidia_driver locks", text, re.S)
+    match = re.search(rf"# BEGIN hpc-train {role} locks\n(.*?)# END hpc-train {role} locks", text, re.S)
     return match.group(1).split() if match else []
 
 
@@ -191,26 +191,32 @@ def dnf_upgrade_plan(image: dict[str, Path], plugins: Path) -> str:
 
 
 def build_fixture_machine(fixture: dict, machine_dir: Path) -> None:
-    """Create <machine_dir>/root (a system root with the fixture's root_files) and the fixture's fake /sys: PCI
-    functions and EFI vars.
+    """Create <machine_dir>/root (a system root with the fixture's root_files, and a slurm.conf unless a root_files
+    entry for it is null) and the fixture's fake /sys: PCI functions and EFI vars.
 
     PCI functions are laid out like the real sysfs: /sys/bus/pci/devices/<addr> is a symlink into
-    /sys/devices/pci0000:00/<addr>, which holds the 'vendor' and 'class' files.
+    /sys/devices/pci0000:00/<addr>, which holds the 'vendor', 'class' and 'device' files.
     """
     (machine_dir / "root" / "etc").mkdir(parents=True, exist_ok=True)
-    for path, content in fixture.get("root_files", {}).items():
+    # A classic Slurm node (its own slurm.conf) unless the fixture says otherwise.
+    files = {"/etc/slurm/slurm.conf": "ClusterName=site\n", **fixture.get("root_files", {})}
+    for path, content in files.items():
+        if content is None:  # the fixture has no such file
+            continue
         target = machine_dir / "root" / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
     sys_dir = machine_dir / "sys"
     bus_dir = sys_dir / "bus" / "pci" / "devices"
     bus_dir.mkdir(parents=True, exist_ok=True)
-    for index, (vendor, pci_class) in enumerate(fixture["pci_devices"]):
+    for index, (vendor, pci_class, *device) in enumerate(fixture["pci_devices"]):
         address = f"0000:{0x17 + index:02x}:00.0"
         device_dir = sys_dir / "devices" / "pci0000:00" / address
         device_dir.mkdir(parents=True, exist_ok=True)
         (device_dir / "vendor").write_text(vendor + "\n")
         (device_dir / "class").write_text(pci_class + "\n")
+        # PCI device id: the GPU's model (default 0x2330, H100 SXM5).
+        (device_dir / "device").write_text((device[0] if device else "0x2330") + "\n")
         link = bus_dir / address
         if not link.is_symlink():
             link.symlink_to(os.path.relpath(device_dir, bus_dir))
@@ -218,6 +224,15 @@ def build_fixture_machine(fixture: dict, machine_dir: Path) -> None:
     efivars.mkdir(parents=True, exist_ok=True)
     # 4 attribute bytes (NV+BS+RT) and the value byte.
     (efivars / SECURE_BOOT_VAR).write_bytes(b"\x06\x00\x00\x00" + (b"\x01" if fixture["secure_boot"] else b"\x00"))
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under root (relative path -> content): what a check run must leave unchanged. rpm's database is left
+    out: a read-only `rpm --root ROOT -qa` creates an empty one (Debian's rpm keeps it in ~/.rpmdb)."""
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not str(p.relative_to(root)).startswith(("root/.rpmdb", "var/lib/rpm"))}
 
 
 def read_records(path: Path) -> list[dict]:

@@ -1,6 +1,7 @@
 """The live_change rung: the driver lifecycle on a running node. gpu_nodes.yml --tags driver in live-node
-mode against a copy of the converged image root, with the Slurm CLI (fake_slurm/) and nvidia-smi (fake_gpu/) as
-recording stand-ins, and the "running kernel" and "loaded driver" as files the stand-ins read and, on a reboot, write.
+mode against a copy of the converged image root, with the Slurm CLI and the node's systemd (fake_slurm/), nvidia-smi
+and libcuda (fake_gpu/) as recording stand-ins, grubby as a stand-in inside the root, and the "running kernel", the
+boot id and the "loaded driver" as files the stand-ins read and, on a reboot, write.
 
 Each scenario continues from the node the previous one left, like an admin's successive runs."""
 
@@ -10,8 +11,10 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import ladder_lib as lib
+from fake_gpu import libcuda_elf
 from fake_repos import build as fake_repos
 from rungs_packages import IMAGE_KERNEL
 
@@ -44,23 +47,30 @@ def live_change(ladder, venv: Path) -> None:
     slurm_state = lib.WORK / "live-slurm.json"
 
     # Scenarios run only the driver role (preflight's checks are the check rung's), with the GPU count preflight would
-    # find (8 on the fixture's PCI bus); the kernel update also runs preflight (its dry run past the old lock).
-    def play(label: str, slurm: dict, *extra: str, kernel: str = IMAGE_KERNEL, tags: str = "driver") -> tuple[subprocess.CompletedProcess, list[dict], dict]:
-        lib.write_state(slurm_state, {"calls": [], "jobs": [], "polls_until_done": 0, **slurm,
-                                      "machine": {"root": str(root), "kernel": kernel, "loaded_version_file": str(loaded)}})
+    # find (8 on the fixture's PCI bus); the kernel updates also run preflight (its dry run past the old lock). The node
+    # runs the kernel of the root's running-kernel file (a fake reboot boots GRUB's default and writes it there).
+    boot_id = machine / "boot_id"
+    boot_id.write_text("first-boot\n")
+
+    def play(label: str, slurm: dict, *extra: str, tags: str = "driver", limit: str = "el9-image", module_loads: bool = True,
+             units: dict | None = None) -> tuple[subprocess.CompletedProcess, list[dict], dict]:
+        kernel = (root / "etc" / "hpc-train-stand-in" / "running-kernel").read_text().strip()
+        lib.write_state(slurm_state, {"calls": [], "jobs": [], "polls_until_done": 0, "units": units or {}, **slurm,
+                                      "machine": {"root": str(root), "kernel": kernel, "loaded_version_file": str(loaded),
+                                                  "boot_id_file": str(boot_id), "module_loads": module_loads}})
         record = lib.WORK / f"live-{label}.jsonl"
         env = lib.with_stand_ins(lib.ansible_env(venv, record, HPC_TRAIN_FAKE_SLURM=str(slurm_state), HPC_TRAIN_FAKE_GPU=str(gpu_state)),
                                  "fake_slurm", "fake_gpu")
         result = lib.run([str(venv / "bin" / "ansible-playbook"), "-i", str(lib.EXAMPLE), "-i", str(lib.HERE / "inventories" / "converge" / "hosts.yml"),
-                          "--limit", "el9-image", "--tags", tags, "-e", f"fixtures_dir={lib.HERE / 'fixtures'}",
+                          "--limit", limit, "--tags", tags, "-e", f"fixtures_dir={lib.HERE / 'fixtures'}",
                           "-e", f"fake_repos={repos}", "-e", f"gpu_stack_sysroot={root}", "-e", f"gpu_stack_dnf_conf_file={node['conf']}",
                           "-e", "gpu_stack_releasever=9", "-e", "gpu_stack_manage_services=false",
                           "-e", f"gpu_preflight_pci_devices_path={machine}/sys/bus/pci/devices",
                           "-e", f"gpu_preflight_efivars_path={machine}/sys/firmware/efi/efivars",
-                          "-e", f"nvidia_driver_loaded_version_file={loaded}",
-                          "-e", f"gpu_preflight_kernel_version={kernel}", "-e", f"nvidia_driver_kernel_version={kernel}",
+                          "-e", f"nvidia_driver_loaded_version_file={loaded}", "-e", f"nvidia_driver_boot_id_file={boot_id}",
+                          "-e", json.dumps({"fixture_fact_overrides": {"kernel": kernel}}),
                           "-e", "nvidia_driver_allow_change=true", "-e", "nvidia_driver_drain_poll_s=1", "-e", "nvidia_driver_expected_gpus=8",
-                          "-e", '{"gpu_nodes_rollout_batches": ["100%"]}', *extra, "live_change.yml"],
+                          *(["-e", '{"gpu_nodes_rollout_batches": ["100%"]}'] if "," not in limit else []), *extra, "live_change.yml"],
                          env, lib.WORK / "logs" / f"live-{label}.log")
         return result, lib.read_records(record), json.loads(slurm_state.read_text())
 
@@ -190,29 +200,119 @@ def live_change(ladder, venv: Path) -> None:
                  and slurm["node"] == {"name": "gpu-a01", "state": "IDLE", "reason": ""} and f"  {rollback}  " in loaded.read_text(),
                  f"drain={drained} reboot={reboots} resume={resumed(slurm)} node={slurm['node']}")
 
-    # 7. The admin updated the kernel and rebooted: the node runs a kernel the lock does not name, without a module.
-    lib.rpm_install(root, sorted((repos / "baseos").glob(f"kernel-core-{NEWER_KERNEL}.rpm")))
-    lib.set_running_kernel(root, NEWER_KERNEL)
-    loaded.unlink()
-    result, records, slurm = play("7-after-a-kernel-update", {"node": {**renamed, "state": "IDLE"}}, *rollback_pins, kernel=NEWER_KERNEL,
-                                  tags="preflight,driver")
-    lock = lib.lock_block(root)
-    ladder.check("live/after a kernel update: kernel-devel for the new kernel installed despite the old lock, lock moved to it",
-                 result.returncode == 0 and f"kernel-devel-{fake_repos.NEWER_KERNEL}" in lib.rpm_packages(root)
-                 and f"kernel-core-0:{fake_repos.NEWER_KERNEL}.*" in lock and not any(fake_repos.KERNEL in entry for entry in lock)
-                 and updates(slurm) == [], f"rc={result.returncode} lock={lock}\n{lib.tail(result.stdout, 12)}")
-    ladder.check("live/after a kernel update: the module is built for the new kernel (dkms autoinstall -k), a reboot is pending",
-                 lib.built_modules(root, NEWER_KERNEL) == [f"{rollback} Dual MIT/GPL"]
-                 and any(r["task"].endswith("Report the reboot that is still needed") for r in records),
-                 str(lib.built_modules(root, NEWER_KERNEL)))
+    live = SimpleNamespace(play=play, root=root, loaded=loaded, gpu_state=gpu_state, repos=repos, renamed=renamed,
+                           pins=rollback_pins, rollback=rollback, old=old, updates=updates, call_times=call_times, resumed=resumed)
+    slurm = boot_kernel(ladder, live)
+    fabric_and_rollout(ladder, live, slurm)
 
-    # 8. The reboot into it, on an NVSwitch node whose fabric manager fails: the node is not resumed.
+
+def boot_kernel(ladder, node) -> dict:
+    """A kernel installed and made GRUB's default but not booted; the reboot into it; a driver that does not load."""
+    play, root, loaded, gpu_state, repos, renamed, rollback_pins, rollback, old = (
+        node.play, node.root, node.loaded, node.gpu_state, node.repos, node.renamed, node.pins, node.rollback, node.old)
+    updates, call_times, resumed = node.updates, node.call_times, node.resumed
+    # 7. A newer kernel is installed and, as on EL, made GRUB's default; the node has not rebooted and still runs the
+    #    old driver. First with build_for_boot_kernel false: refused, nothing changed.
+    lib.rpm_install(root, sorted((repos / "baseos").glob(f"kernel-core-{NEWER_KERNEL}.rpm")))
+    loaded.write_text(loaded_line(old, "open"))
+    before, lock = lib.rpm_packages(root), lib.lock_block(root)
+    result, records, slurm = play("7a-boot-kernel-refused", {"node": {**renamed, "state": "IDLE"}}, *rollback_pins,
+                                  "-e", "nvidia_driver_build_for_boot_kernel=false", tags="preflight,driver")
+    failure = lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/a node that boots another kernel than it runs, with build_for_boot_kernel false: refused, naming the fix",
+                 failure.get("msg", "").startswith(f"nvidia_driver: el9-image runs kernel {IMAGE_KERNEL} but boots {NEWER_KERNEL} next "
+                                                   "(grubby --default-kernel).")
+                 and f"grubby --set-default /boot/vmlinuz-{IMAGE_KERNEL}" in failure.get("msg", "")
+                 and lib.rpm_packages(root) == before and lib.lock_block(root) == lock and updates(slurm) == [], failure.get("msg", ""))
+
+    # 7b. The same run as a site makes it (build for the boot kernel), with a reboot allowed; the reboot boots GRUB's
+    #     default, whose nvidia.ko fails to load: the node must not pass as rebooted.
+    result, records, slurm = play("7b-boot-kernel-and-reboot", {"node": {**renamed, "state": "IDLE"}}, *rollback_pins,
+                                  "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm",
+                                  tags="preflight,driver", module_loads=False)
+    lock = lib.lock_block(root)
+    ladder.check("live/kernel installed, not booted: kernel-devel for the kernel the node boots next installed past the lock, lock moved to it",
+                 f"kernel-devel-{fake_repos.NEWER_KERNEL}" in lib.rpm_packages(root)
+                 and f"kernel-core-0:{fake_repos.NEWER_KERNEL}.*" in lock and not any(fake_repos.KERNEL in entry for entry in lock),
+                 f"rc={result.returncode} lock={lock}\n{lib.tail(result.stdout, 12)}")
+    ladder.check("live/kernel installed, not booted: the module is built for the kernel the node boots next before the reboot",
+                 lib.built_modules(root, NEWER_KERNEL) == [f"{rollback} Dual MIT/GPL"] and len(call_times(slurm, "scontrol", "reboot")) == 1,
+                 str(lib.built_modules(root, NEWER_KERNEL)))
+    running = (root / "etc" / "hpc-train-stand-in" / "running-kernel").read_text().strip()
+    failure = lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/the reboot boots GRUB's default kernel (grubby stand-in)", running == NEWER_KERNEL, running)
+    ladder.check("live/rebooted but the driver did not load: the host fails (the rollout stops), the node stays out of service",
+                 result.returncode != 0 and failure.get("msg", "").startswith("nvidia_driver: el9-image rebooted but runs no NVIDIA driver, "
+                                                                             f"not the installed driver {rollback} (open)")
+                 and not resumed(slurm) and slurm["node"]["state"] == "DOWN", f"rc={result.returncode} {failure.get('msg', '')}\nnode={slurm['node']}")
+
+    # 8. The reboot again, now the module loads, on an NVSwitch node whose fabric manager did not finish: not resumed.
     lib.write_state(gpu_state, {"loaded_version_file": str(loaded), "gpus": 8, "fabric": ["In Progress", "N/A"]})
-    result, records, slurm = play("8-fabric-manager-failed", {"node": {**renamed, "state": "IDLE"}}, *rollback_pins,
-                                  "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm", kernel=NEWER_KERNEL)
+    result, records, slurm = play("8-fabric-manager-failed", {"node": slurm["node"]}, *rollback_pins,
+                                  "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
     failure = lib.first_failure(records, "el9-image") or {}
     ladder.check("live/fabric manager not ready after the reboot: stopped with a clear message, node left DOWN",
                  failure.get("msg", "").startswith("nvidia_driver: the GPU fabric of el9-image is not ready")
                  and "error 802" in failure.get("msg", "") and len(call_times(slurm, "scontrol", "reboot")) == 1
-                 and not resumed(slurm) and slurm["node"]["state"] == "DOWN",
+                 and f"  {rollback}  " in loaded.read_text() and not resumed(slurm) and slurm["node"]["state"] == "DOWN",
                  f"{failure.get('msg', '')}\nnode={slurm['node']}")
+    return slurm
+
+
+def fabric_and_rollout(ladder, node, slurm: dict) -> None:
+    """An HGX A100 with and without Fabric Manager, nvidia-persistenced; a change without a reboot over two batches,
+    then its reboot handed to Slurm."""
+    play, root, loaded, gpu_state, rollback_pins, rollback = node.play, node.root, node.loaded, node.gpu_state, node.pins, node.rollback
+    resumed = node.resumed
+    call_times = node.call_times
+    # 9. An HGX A100: fabric.state is N/A on every GPU, Fabric Manager is required all the same. With it failed (CUDA
+    #    says 802), the node stays out; running (a context on every GPU), it is resumed, and nvidia-persistenced
+    #    (NVIDIA's unit has no [Install]) is linked and started.
+    a100 = {"loaded_version_file": str(loaded), "gpus": 8, "fabric": ["N/A", "N/A"], "name": "NVIDIA A100-SXM4-80GB"}
+    lib.write_state(gpu_state, a100)
+    services = ["-e", "nvidia_driver_manage_services=true"]
+    result, records, slurm = play("9a-a100-fabric-manager-down", {"node": slurm["node"]}, *rollback_pins, *services,
+                                  "-e", f"nvidia_driver_libcuda={libcuda_elf.build(lib.WORK / 'libcuda-802' / 'libcuda.so.1', init_rc=802)}",
+                                  units={"nvidia-fabricmanager.service": "failed"})
+    failure = lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/A100 HGX, fabric manager failed: not resumed, the message names the service and CUDA's 802",
+                 "nvidia-fabricmanager: failed" in failure.get("msg", "") and "CUDA_ERROR_SYSTEM_NOT_READY (802)" in failure.get("msg", "")
+                 and not resumed(slurm), failure.get("msg", "") or lib.tail(result.stdout))
+    result, records, slurm = play("9b-a100-fabric-manager-running", {"node": slurm["node"]}, *rollback_pins, *services,
+                                  "-e", f"nvidia_driver_libcuda={libcuda_elf.build(lib.WORK / 'libcuda-ok' / 'libcuda.so.1')}",
+                                  units={"nvidia-fabricmanager.service": "active"})
+    ladder.check("live/A100 HGX, fabric manager running and a CUDA context on every GPU: resumed (fabric.state N/A is no failure)",
+                 result.returncode == 0 and len(resumed(slurm)) == 1 and slurm["node"]["state"] == "IDLE",
+                 f"rc={result.returncode} node={slurm['node']}\n{lib.tail(result.stdout, 12)}")
+    wants = root / "etc" / "systemd" / "system" / "multi-user.target.wants" / "nvidia-persistenced.service"
+    started = [c["time"] for c in slurm["calls"] if c["argv"][:2] == ["systemctl", "start"] and "nvidia-persistenced" in c["argv"][2]]
+    ladder.check("live/nvidia-persistenced as NVIDIA packages it (no [Install]): linked into multi-user.target and started, before the resume",
+                 wants.is_symlink() and slurm.get("units", {}).get("nvidia-persistenced.service") == "active"
+                 and len(started) == 1 and resumed(slurm) and started[0] < resumed(slurm)[0],
+                 f"link={wants.is_symlink()} units={slurm.get('units')} started={started}")
+
+    # 10. A change allowed but no reboot, rolled out in the default batches over two nodes: the canary is drained and
+    #     waits for its reboot; the rollout stops there instead of draining the next batch too.
+    result, records, slurm = play("10-change-without-reboot", {"node": slurm["node"]}, *rollback_pins,
+                                  "-e", "gpu_stack_driver_flavor=proprietary", limit="el9-image,el9-image-b")
+    failure = lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/allow_change without reboot over two batches: the canary is changed and drained, then the rollout stops",
+                 result.returncode != 0 and failure.get("msg", "").startswith("nvidia_driver: el9-image has NVIDIA driver "
+                                                                             f"{rollback} installed and stays drained in Slurm until it reboots")
+                 and f"kmod-nvidia-latest-dkms-{rollback}-1.el9" in lib.rpm_packages(root) and slurm["node"]["state"].endswith("DRAIN"),
+                 f"rc={result.returncode} {failure.get('msg', '')}\nnode={slurm['node']}")
+    ladder.check("live/... and the second batch is not touched at all",
+                 not any(r["host"] == "el9-image-b" and r["task"].startswith("nvidia_driver") for r in records),
+                 str(sorted({r["task"] for r in records if r["host"] == "el9-image-b"})[:8]))
+
+    # 11. Its reboot handed to Slurm: scontrol reboot ASAP nextstate=RESUME, no drain wait; Slurm reboots the idle node
+    #     and returns it to service (the gpu_health check, set here, guards the boot).
+    result, records, slurm = play("11-reboot-asap-resume", {"node": slurm["node"]}, *rollback_pins, "-e", "gpu_stack_driver_flavor=proprietary",
+                                  "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm_asap",
+                                  "-e", "gpu_stack_health_check_program=/usr/libexec/hpc-train/gpu-health-check")
+    reboots = [c["argv"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "reboot"]]
+    ladder.check("live/reboot_method slurm_asap: one scontrol reboot ASAP nextstate=RESUME, no job wait, Slurm resumes the node",
+                 result.returncode == 0 and reboots == [["scontrol", "reboot", "ASAP", "nextstate=RESUME",
+                                                         f"reason=hpc-train: reboot into NVIDIA driver {rollback}", "gpu-a01"]]
+                 and call_times(slurm, "squeue") == [] and slurm["node"]["state"] == "IDLE",
+                 f"rc={result.returncode} reboots={reboots} node={slurm['node']}\n{lib.tail(result.stdout, 10)}")

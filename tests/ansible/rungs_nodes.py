@@ -1,7 +1,7 @@
 """Ladder rungs for one role each on this machine, with stand-ins for what cannot exist here:
-gpu_validate (validate.yml: stand-in nvidia-smi, a fake EL root with the driver packages), pytorch_env (the role for
-real from stand-in wheels, two nodes sharing a venv, an http:// index; the offline recipe of docs/ansible.md) and
-slurm (site.yml --tags slurm: a controller and a node with Slurm and systemctl stand-ins)."""
+gpu_validate (validate.yml: stand-in nvidia-smi, a fake EL root with the driver packages) and pytorch_env (the role
+for real from stand-in wheels, two nodes sharing a venv, an http:// index; the offline recipe of docs/ansible.md).
+The Slurm side is rungs_slurm.py's, against the real Slurm."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def gpu_validate(ladder, venv: Path) -> None:
     lib.rpm_install(node["root"], sorted(cuda.glob(f"kmod-nvidia-open-dkms-{version}-*.rpm")) + sorted(cuda.glob(f"nvidia-kmod-common-{version}-*.rpm")))
 
     # Runs that check the GPU count run gpu_preflight (it counts the GPUs on the PCI bus); the others only gpu_validate.
-    def play(label: str, gpus: int = 8, driver: str | None = version, tags: str = "preflight,validate") -> tuple[subprocess.CompletedProcess, list[dict]]:
+    def play(label: str, gpus: int = 8, driver: str | None = version, tags: str = "preflight,validate", *extra: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
         if driver is None:
             loaded.unlink(missing_ok=True)
         else:
@@ -49,8 +49,15 @@ def gpu_validate(ladder, venv: Path) -> None:
         env = lib.with_stand_ins(lib.ansible_env(venv, record, HPC_TRAIN_FAKE_GPU=str(gpu_state)), "fake_gpu")
         result = lib.run([str(venv / "bin" / "ansible-playbook"), "-i", str(lib.EXAMPLE), "-i", str(lib.HERE / "inventories" / "validate" / "hosts.yml"),
                           "--limit", "validate-node", "--tags", tags, "--skip-tags", "packages", "-e", f"fixtures_dir={lib.HERE / 'fixtures'}",
-                          "-e", f"node_dir={node_dir}", "validate_node.yml"], env, lib.WORK / "logs" / f"gpu-validate-{label}.log")
+                          "-e", f"node_dir={node_dir}", *extra, "validate_node.yml"], env, lib.WORK / "logs" / f"gpu-validate-{label}.log")
         return result, lib.read_records(record)
+
+    # The inventories ask for 0.1 GB free (stand-in packages); a node short of the role's figure is refused before anything.
+    result, records = play("0-disk-short", 8, version, "preflight", "-e", "gpu_preflight_min_free_gb=1000000")
+    failure = lib.first_failure(records, "validate-node") or {}
+    ladder.check("gpu_preflight/a filesystem with less free space than gpu_preflight_min_free_gb is refused, naming both figures",
+                 result.returncode != 0 and failure.get("msg", "").startswith("gpu_preflight: only ")
+                 and "need about 1000000 GB" in failure.get("msg", ""), failure.get("msg", "") or lib.tail(result.stdout))
 
     result, records = play("1-dkms-build-failed", driver=None, tags="validate")
     failure = lib.first_failure(records, "validate-node") or {}
@@ -167,91 +174,3 @@ def pytorch_env(ladder, venv: Path) -> None:
     ladder.check("pytorch_env/docs/ansible.md's pip download recipe fetches torch and its manylinux2014 dependencies",
                  result.returncode == 0 and downloaded == ["hpc_train", "nvidia_nccl_cu12", "torch", "torchvision"],
                  f"{' '.join(argv)}\n{downloaded}\n{lib.tail(result.stdout + result.stderr, 6)}")
-
-
-# ------------------------------------------------------------------------------------------------ slurm
-
-
-SLURM_CONF = "ClusterName=test\nSlurmctldHost=slurmctl01\nGresTypes=mps\nPropagateResourceLimits=ALL\nRebootProgram=/usr/sbin/reboot\n"
-CGROUP_CONF = "CgroupPlugin=cgroup/v2\nConstrainDevices=no\n"
-
-
-def slurm(ladder, venv: Path) -> None:
-    """site.yml --tags slurm on a controller and a GPU node: slurm.conf keys, the order controller -> slurmctld ->
-    slurmd, cgroup.conf keys, configless mode, the memlock check, and check mode."""
-    base = lib.WORK / "slurm"
-    state = base / "slurm.json"
-
-    def setup(slurm_conf: str, config: dict) -> tuple[Path, Path]:
-        shutil.rmtree(base, ignore_errors=True)
-        ctl, node = base / "slurm-ctl", base / "slurm-gpu"
-        for root in (ctl, node):
-            (root / "etc" / "slurm").mkdir(parents=True)
-        (ctl / "etc" / "slurm" / "slurm.conf").write_text(slurm_conf)
-        (node / "etc" / "slurm" / "cgroup.conf").write_text(CGROUP_CONF)
-        lib.write_state(state, {"calls": [], "config": config, "slurm_conf": str(ctl / "etc" / "slurm" / "slurm.conf")})
-        return ctl, node
-
-    def play(label: str, *extra: str) -> tuple[subprocess.CompletedProcess, list[dict], dict]:
-        record = lib.WORK / f"slurm-{label}.jsonl"
-        env = lib.with_stand_ins(lib.ansible_env(venv, record, HPC_TRAIN_FAKE_SLURM=str(state)), "fake_slurm")
-        result = lib.run([str(venv / "bin" / "ansible-playbook"), "-i", str(lib.HERE / "inventories" / "slurm" / "hosts.yml"),
-                          "-e", f"@{lib.EXAMPLE / 'group_vars' / 'all' / 'gpu_stack.yml'}",
-                          "--tags", "slurm", "-e", f"fixtures_dir={lib.HERE / 'fixtures'}",
-                          "-e", f"roots_dir={base}", "-e", "gpu_stack_manage_services=true", *extra, "slurm_site.yml"],
-                         env, lib.WORK / "logs" / f"slurm-{label}.log")
-        return result, lib.read_records(record), json.loads(state.read_text())
-
-    def restarts(calls: dict) -> list[tuple[str, float]]:
-        return [(c["argv"][2], c["time"]) for c in calls["calls"] if c["argv"][:2] in (["systemctl", "try-restart"], ["systemctl", "restart"])]
-
-    # Classic Slurm: every host has its own slurm.conf, gres.conf, cgroup.conf.
-    ctl, node = setup(SLURM_CONF, {})
-    result, records, calls = play("1-classic")
-    conf = (ctl / "etc" / "slurm" / "slurm.conf").read_text().splitlines()
-    ladder.check("slurm/site.yml --tags slurm succeeds on a controller and a GPU node", result.returncode == 0, lib.tail(result.stdout, 20))
-    ladder.check("slurm/slurm.conf keys set one by one: GresTypes keeps mps and adds gpu, PropagateResourceLimitsExcept=MEMLOCK "
-                 "replaces PropagateResourceLimits, the NodeName file is included by its name",
-                 {"GresTypes=mps,gpu", "PropagateResourceLimitsExcept=MEMLOCK", "Include hpc-train-gpu-nodes.conf", "ClusterName=test"} <= set(conf)
-                 and not any(line.startswith("PropagateResourceLimits=") for line in conf), "\n".join(conf))
-    nodename = (ctl / "etc" / "slurm" / "hpc-train-gpu-nodes.conf")
-    node_copy = node / "etc" / "slurm" / "hpc-train-gpu-nodes.conf"
-    ladder.check("slurm/the NodeName file is on the controller and, identical, on the node that includes it",
-                 nodename.exists() and "Gres=gpu:h100:8" in nodename.read_text() and node_copy.exists()
-                 and node_copy.read_text() == nodename.read_text(), nodename.read_text() if nodename.exists() else "missing")
-    cgroup = (node / "etc" / "slurm" / "cgroup.conf").read_text().splitlines()
-    ladder.check("slurm/cgroup.conf: our keys set, the site's other lines kept",
-                 {"CgroupPlugin=cgroup/v2", "ConstrainDevices=yes", "ConstrainCores=yes", "ConstrainRAMSpace=yes"} == set(cgroup),
-                 "\n".join(cgroup))
-    ladder.check("slurm/order: slurmctld restarts (new GRES) before slurmd does, once each",
-                 [name for name, _ in restarts(calls)] == ["slurmctld.service", "slurmd.service"], str(restarts(calls)))
-    gres = node / "etc" / "slurm" / "gres.conf"
-    ladder.check("slurm/the node's gres.conf has the GPU lines", gres.exists() and "Name=gpu Type=h100 File=/dev/nvidia[4-7] Cores=24-47" in gres.read_text())
-
-    # Configless Slurm whose slurm.conf the site owns and which propagates the shell's MEMLOCK.
-    configless_conf = "SlurmctldParameters=enable_configless\nGresTypes=gpu\n"
-    ctl, node = setup(configless_conf, {"SLURM_CONF": "/run/slurm/conf/slurm.conf", "GresTypes": "gpu",
-                                        "SlurmctldParameters": "enable_configless"})
-    result, records, calls = play("2-configless-memlock", "-e", "slurm_gpu_node_manage_slurm_conf=false")
-    failure = lib.first_failure(records, "slurm-gpu") or {}
-    ladder.check("slurm/memlock propagated by slurm.conf: refused with a message that names PropagateResourceLimitsExcept=MEMLOCK",
-                 failure.get("msg", "").startswith("slurm_gpu_node: slurm.conf propagates the submitting shell's MEMLOCK limit")
-                 and "PropagateResourceLimitsExcept=MEMLOCK" in failure.get("msg", ""), failure.get("msg", "") or lib.tail(result.stdout))
-    controller_gres = ctl / "etc" / "slurm" / "gres.conf"
-    ladder.check("slurm/configless: the GPU lines and cgroup keys go to the controller, none to the node",
-                 controller_gres.exists() and "NodeName=gpu01 Name=gpu Type=h100 File=/dev/nvidia[0-3] Cores=0-23" in controller_gres.read_text()
-                 and "ConstrainDevices=yes" in (ctl / "etc" / "slurm" / "cgroup.conf").read_text()
-                 and not (node / "etc" / "slurm" / "gres.conf").exists() and not node_copy.exists()
-                 and (node / "etc" / "slurm" / "cgroup.conf").read_text() == CGROUP_CONF,
-                 controller_gres.read_text() if controller_gres.exists() else "no gres.conf on the controller")
-    ladder.check("slurm/configless: slurm.conf left alone when the site owns it", (ctl / "etc" / "slurm" / "slurm.conf").read_text() == configless_conf)
-
-    # Check mode changes nothing anywhere: no file, no restart.
-    ctl, node = setup(SLURM_CONF, {})
-    result, records, calls = play("3-check-mode", "--check", "--diff")
-    written = sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file() and not p.name.startswith("slurm.json"))
-    ladder.check("slurm/check mode: runs, shows the slurm.conf diff, writes nothing and restarts nothing",
-                 result.returncode == 0 and (ctl / "etc" / "slurm" / "slurm.conf").read_text() == SLURM_CONF
-                 and written == ["slurm-ctl/etc/slurm/slurm.conf", "slurm-gpu/etc/slurm/cgroup.conf"] and restarts(calls) == []
-                 and any(r["task"].endswith("Let Slurm schedule GPUs (GresTypes)") and r["changed"] for r in records),
-                 f"rc={result.returncode} files={written} restarts={restarts(calls)}\n{lib.tail(result.stdout)}")

@@ -62,8 +62,8 @@ def converge(ladder, venv: Path) -> None:
               f"nvidia-fabric-manager-{driver}", f"kernel-devel-{fake_repos.KERNEL}", f"kernel-headers-{fake_repos.KERNEL}",
               f"dkms-{fake_repos.DKMS_VERSION}-1.el9", "cuda-toolkit-12-8-12.8.1-1",
               f"libnccl-{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}", "python3-dnf-plugin-versionlock-4.3.0-13.el9",
-              "rdma-core-48.0-1.el9"}
-    ladder.check("verify/the pinned driver, its kernel headers, dkms, CUDA, NCCL, fabric manager and rdma-core are installed",
+              "rdma-core-48.0-1.el9", f"datacenter-gpu-manager-{fake_repos.DCGM_VERSION}-1"}
+    ladder.check("verify/the pinned driver, its kernel headers, dkms, CUDA, NCCL, fabric manager, rdma-core and DCGM are installed",
                  wanted <= packages, f"missing: {sorted(wanted - packages)}")
     ladder.check("verify/no package of the other flavour or the newer release",
                  not any(p.startswith("kmod-nvidia-latest-dkms") or new in p for p in packages), sorted(packages))
@@ -88,6 +88,11 @@ def converge(ladder, venv: Path) -> None:
                  re.search(rf"nvidia-container-toolkit\s+x86_64\s+{re.escape(toolkit_new)}-1\s", locked) is not None, lib.tail(locked, 25))
     ladder.check("verify/with the image's lock, neither the newer driver nor the newer kernel is offered",
                  new not in locked and fake_repos.NEWER_KERNEL not in locked, lib.tail(locked, 25))
+    newer_nccl = "-".join(fake_repos.NEWER_NCCL)
+    ladder.check("verify/without the lock, dnf upgrade would bring libnccl built for a newer CUDA; with it, not",
+                 newer_nccl in unlocked and newer_nccl not in locked
+                 and f"libnccl-0:{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}.*" in lib.lock_block(root, "nccl"),
+                 f"{lib.tail(unlocked, 12)}\nnccl lock: {lib.lock_block(root, 'nccl')}")
     files = {
         "etc/slurm/gres.conf": "Name=gpu Type=h100 File=/dev/nvidia[0-3] Cores=0-23",
         "etc/slurm/cgroup.conf": "ConstrainDevices=yes",
@@ -96,13 +101,15 @@ def converge(ladder, venv: Path) -> None:
         "etc/profile.d/cuda.sh": "CUDA_HOME=/usr/local/cuda-12.8",
         "etc/yum.repos.d/hpc-train-gpu.repo": f"baseurl=file://{repos}/cuda/",
         "etc/firewalld/zones/hpc-train-fabric.xml": '<source address="10.10.0.0/16"/>',
+        "usr/libexec/hpc-train/gpu-health-check": "expected_gpus=8",
     }
     for path, line in files.items():
         text = (root / path).read_text() if (root / path).exists() else ""
         ladder.check(f"verify/{path}", line in text.splitlines() or line in text, text or "missing")
     links = {"usr/local/cuda": "/usr/local/cuda-12.8",
              "etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service": "/usr/lib/systemd/system/nvidia-persistenced.service",
-             "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service": "/usr/lib/systemd/system/nvidia-fabricmanager.service"}
+             "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service": "/usr/lib/systemd/system/nvidia-fabricmanager.service",
+             "etc/systemd/system/multi-user.target.wants/nvidia-dcgm.service": "/usr/lib/systemd/system/nvidia-dcgm.service"}
     for path, target in links.items():
         link = root / path
         ladder.check(f"verify/{path} -> {target} (and the target is in the image)",
@@ -157,7 +164,7 @@ def missing_branch(ladder, venv: Path) -> None:
                      "is not in any enabled repository, so DKMS cannot build the NVIDIA module.")
                  and f"No package kernel-devel-{MISSING_KERNEL} available" in failure.get("msg", ""), failure.get("msg", ""))
     ladder.check("negative/missing kernel-devel: nothing changed", lib.counts(records)[0] == 0
-                 and lib.rpm_packages(fresh["root"]) == {"bash-5.1.8-9.el9", f"kernel-core-{fake_repos.KERNEL}"},
+                 and lib.rpm_packages(fresh["root"]) == {"bash-5.1.8-9.el9", "grubby-8.40-64.el9", f"kernel-core-{fake_repos.KERNEL}"},
                  str(sorted(lib.rpm_packages(fresh["root"]))))
 
     result, records = converge_run(venv, fresh, repos, "missing-branch", "-e", "gpu_stack_driver_branch=580",

@@ -87,9 +87,14 @@ MIXED = [{"type": "a100", "devices": "0-1"}, {"type": "l40s", "devices": "2-3"},
 
 
 def test_controller_nodename_lines() -> None:
-    """gpu02's Slurm NodeName is mapped (gpu_stack_slurm_node_name): its line uses that name."""
-    check_golden("slurm-gpu-nodes.conf", _nodename_conf({"gpu01": example_gres(), "gpu02": MIXED},
-                                                        {"gpu02": {"gpu_stack_slurm_node_name": "gpu-b02"}}))
+    """gpu02's Slurm NodeName is mapped (gpu_stack_slurm_node_name): its line uses that name and says which host it is
+    (slurmd on host gpu02 finds its NodeName by NodeHostName); gpu01's address is given (gpu_stack_slurm_node_addr)."""
+    text = _nodename_conf({"gpu01": example_gres(), "gpu02": MIXED},
+                          {"gpu02": {"gpu_stack_slurm_node_name": "gpu-b02"}, "gpu01": {"gpu_stack_slurm_node_addr": "10.10.1.1"}})
+    check_golden("slurm-gpu-nodes.conf", text)
+    lines = [line for line in text.splitlines() if line.startswith("NodeName=")]
+    assert lines[0].startswith("NodeName=gpu01 NodeAddr=10.10.1.1 CPUs=") and "NodeHostName" not in lines[0]
+    assert lines[1].startswith("NodeName=gpu-b02 NodeHostName=gpu02 CPUs=") and "NodeAddr" not in lines[1]
 
 
 def test_configless_gres_lines_on_the_controller() -> None:

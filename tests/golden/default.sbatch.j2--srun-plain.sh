@@ -74,7 +74,7 @@ run_event() {  # run_event EVENT [EXIT_CODE]
 }
 run_event running
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_01F741904202'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_0A2167CB6C4B'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -144,6 +144,7 @@ train:
   preempt_check_every_steps: 10
   process_group_timeout_s: 600
   tensorboard: false
+  mixup_alpha: 0.0
   data:
     name: digits-lt
     args: {}
@@ -180,6 +181,9 @@ train:
     reweight: none
     cb_beta: 0.9999
     drw_epoch: null
+    normalise: weight_sum
+    smooth_head: 0.4
+    smooth_tail: 0.1
     posthoc_tau: null
   sampler:
     name: instance
@@ -193,6 +197,9 @@ train:
     nesterov: false
     scale_lr: false
     base_batch_size: 128
+    sam_rho: 0.0
+    sam_tail_below: 0
+    sam_tail_weight: 2.0
   schedule:
     name: cosine
     warmup_epochs: 2
@@ -204,10 +211,28 @@ train:
     crt_lr: 0.2
     crt_sampler: class_aware
     crt_bn: reestimate
+    crt_reinit: true
+    crt_loss:
+      name: ce
+      args: {}
+      label_smoothing: 0.0
+      focal_gamma: 1.0
+      ldam_max_margin: 0.5
+      ldam_scale: 30.0
+      tau: 1.0
+      reweight: none
+      cb_beta: 0.9999
+      drw_epoch: null
+      normalise: weight_sum
+      smooth_head: 0.4
+      smooth_tail: 0.1
+      posthoc_tau: null
+    crt_weight_decay: null
+    crt_max_norm: null
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_01F741904202
+HPC_TRAIN_JOB_0A2167CB6C4B
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then

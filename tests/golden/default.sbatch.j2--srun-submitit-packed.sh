@@ -71,7 +71,7 @@ for slot in $(seq 0 $(( 2 - 1 ))); do
     mkdir -p "$RUN_DIR/logs"
     case "$point" in
         0)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_7EEB888D5188'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_1FB7AC8D5275'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -141,6 +141,7 @@ train:
   preempt_check_every_steps: 10
   process_group_timeout_s: 600
   tensorboard: false
+  mixup_alpha: 0.0
   data:
     name: digits-lt
     args: {}
@@ -177,6 +178,9 @@ train:
     reweight: none
     cb_beta: 0.9999
     drw_epoch: null
+    normalise: weight_sum
+    smooth_head: 0.4
+    smooth_tail: 0.1
     posthoc_tau: null
   sampler:
     name: instance
@@ -190,6 +194,9 @@ train:
     nesterov: false
     scale_lr: false
     base_batch_size: 128
+    sam_rho: 0.0
+    sam_tail_below: 0
+    sam_tail_weight: 2.0
   schedule:
     name: cosine
     warmup_epochs: 2
@@ -201,13 +208,31 @@ train:
     crt_lr: 0.2
     crt_sampler: class_aware
     crt_bn: reestimate
+    crt_reinit: true
+    crt_loss:
+      name: ce
+      args: {}
+      label_smoothing: 0.0
+      focal_gamma: 1.0
+      ldam_max_margin: 0.5
+      ldam_scale: 30.0
+      tau: 1.0
+      reweight: none
+      cb_beta: 0.9999
+      drw_epoch: null
+      normalise: weight_sum
+      smooth_head: 0.4
+      smooth_tail: 0.1
+      posthoc_tau: null
+    crt_weight_decay: null
+    crt_max_norm: null
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_7EEB888D5188
+HPC_TRAIN_JOB_1FB7AC8D5275
             ;;
         1)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_7EEB888D5188'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_1FB7AC8D5275'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -277,6 +302,7 @@ train:
   preempt_check_every_steps: 10
   process_group_timeout_s: 600
   tensorboard: false
+  mixup_alpha: 0.0
   data:
     name: digits-lt
     args: {}
@@ -313,6 +339,9 @@ train:
     reweight: none
     cb_beta: 0.9999
     drw_epoch: null
+    normalise: weight_sum
+    smooth_head: 0.4
+    smooth_tail: 0.1
     posthoc_tau: null
   sampler:
     name: instance
@@ -326,6 +355,9 @@ train:
     nesterov: false
     scale_lr: false
     base_batch_size: 128
+    sam_rho: 0.0
+    sam_tail_below: 0
+    sam_tail_weight: 2.0
   schedule:
     name: cosine
     warmup_epochs: 2
@@ -337,13 +369,31 @@ train:
     crt_lr: 0.2
     crt_sampler: class_aware
     crt_bn: reestimate
+    crt_reinit: true
+    crt_loss:
+      name: ce
+      args: {}
+      label_smoothing: 0.0
+      focal_gamma: 1.0
+      ldam_max_margin: 0.5
+      ldam_scale: 30.0
+      tau: 1.0
+      reweight: none
+      cb_beta: 0.9999
+      drw_epoch: null
+      normalise: weight_sum
+      smooth_head: 0.4
+      smooth_tail: 0.1
+      posthoc_tau: null
+    crt_weight_decay: null
+    crt_max_norm: null
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_7EEB888D5188
+HPC_TRAIN_JOB_1FB7AC8D5275
             ;;
         2)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_7EEB888D5188'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_1FB7AC8D5275'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -413,6 +463,7 @@ train:
   preempt_check_every_steps: 10
   process_group_timeout_s: 600
   tensorboard: false
+  mixup_alpha: 0.0
   data:
     name: digits-lt
     args: {}
@@ -449,6 +500,9 @@ train:
     reweight: none
     cb_beta: 0.9999
     drw_epoch: null
+    normalise: weight_sum
+    smooth_head: 0.4
+    smooth_tail: 0.1
     posthoc_tau: null
   sampler:
     name: instance
@@ -462,6 +516,9 @@ train:
     nesterov: false
     scale_lr: false
     base_batch_size: 128
+    sam_rho: 0.0
+    sam_tail_below: 0
+    sam_tail_weight: 2.0
   schedule:
     name: cosine
     warmup_epochs: 2
@@ -473,10 +530,28 @@ train:
     crt_lr: 0.2
     crt_sampler: class_aware
     crt_bn: reestimate
+    crt_reinit: true
+    crt_loss:
+      name: ce
+      args: {}
+      label_smoothing: 0.0
+      focal_gamma: 1.0
+      ldam_max_margin: 0.5
+      ldam_scale: 30.0
+      tau: 1.0
+      reweight: none
+      cb_beta: 0.9999
+      drw_epoch: null
+      normalise: weight_sum
+      smooth_head: 0.4
+      smooth_tail: 0.1
+      posthoc_tau: null
+    crt_weight_decay: null
+    crt_max_norm: null
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_7EEB888D5188
+HPC_TRAIN_JOB_1FB7AC8D5275
             ;;
     esac
     run_dirs+=("$RUN_DIR")

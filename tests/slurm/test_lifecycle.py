@@ -276,7 +276,7 @@ def _restart_count(job_id: str, env) -> int:
 
 
 def test_time_limit_cap_then_resume(slurm_cluster, work):
-    epochs = 400  # far more than fits before the time-limit signal
+    epochs = 4000  # far more than fits in two instances of a 1-minute limit (one instance trained 332 in 36 s)
     # slurmctld sends --signal at its 30 s periodic check once the signal is due within 30 s, so with a
     # 60 s limit the signal comes at t = 60 - delay - [0, 30) s. A delay of 20 s puts it 10 s or more after
     # the start, when the step's ranks exist and have their handler (a signal that comes before the step

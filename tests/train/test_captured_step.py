@@ -288,6 +288,24 @@ def test_mid_epoch_resume_on_the_formulation_equals_the_uninterrupted_run(tmp_pa
     assert not _different(_final_weights(tmp_path / "run"), main_weights)
 
 
+@pytest.mark.parametrize("method", [{"sam_rho": 0.5}, {"sam_rho": 0.1, "sam_tail_below": 20}, {"mixup": 1.0}],
+                         ids=["sam", "imbsam", "mixup"])
+def test_sam_imbsam_and_mixup_steps_are_captured_like_the_plain_one(tmp_path, monkeypatch, method):
+    # The sharpness-aware step (two forward-backward passes, one optimizer step) and mixup read nothing back to
+    # the host (every step under the guard), and the replayed captured step gives the eager weights bit for bit.
+    optim = {**RECIPE["optim"], **{k: v for k, v in method.items() if k.startswith("sam")}}
+    spec = make_spec(deep_update(RECIPE, epochs=2, optim=optim, mixup_alpha=method.get("mixup", 0.0),
+                                 loss={"name": "ldam", "drw_epoch": 1}, schedule={"milestones": [1]}))
+    _trainer(spec, tmp_path / "eager").fit()
+    fake = FakeGraphs()
+    monkeypatch.setattr(graphs, "BACKEND", fake)
+    monkeypatch.setattr(graphs, "decide", lambda *a, **k: (True, "cuda_graphs: test"))
+    trainer = _trainer(spec, tmp_path / "graphs")
+    trainer.fit()
+    assert (trainer.step.sam is not None) == ("sam_rho" in method) and trainer.runner.replays["full"] == 2 * 13 - 3
+    assert not _different(_final_weights(tmp_path / "graphs"), _final_weights(tmp_path / "eager"))
+
+
 class _Reads(NoHostSync):
     """NoHostSync that also records the storages a step reads without having made them itself."""
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from hpc_train.config import ModelConfig  # noqa: E402
 from hpc_train.train.model.models import build_model, unwrap  # noqa: E402
+from torch import nn  # noqa: E402
 
 
 def _params(model: torch.nn.Module) -> int:
@@ -42,3 +45,20 @@ def test_small_cnn_and_unwrap():
     model = build_model(ModelConfig(name="small_cnn"), num_classes=10, in_channels=1)
     assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
     assert unwrap(torch.nn.DataParallel(model)) is model
+
+
+def test_exact_batchnorm_is_batchnorm_in_one_process_too():
+    """sync_bn: true converts every BatchNorm to GlobalBatchNorm at every world size, CUDA included (exact), and in
+    one process (no process group) it trains as BatchNorm does: batch statistics, running statistics updated
+    with the unbiased variance."""
+    from hpc_train.train.model.batchnorm import GlobalBatchNorm, synchronise_batchnorm
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    converted = synchronise_batchnorm(copy.deepcopy(plain), torch.device("cuda"), exact=True)
+    assert isinstance(converted[1], GlobalBatchNorm)  # not CUDA's SyncBatchNorm: one arithmetic everywhere
+    x = torch.randn(8, 3, 6, 6) * 3 + 1
+    expected, got = plain(x), converted(x)
+    assert torch.allclose(got, expected, atol=1e-5) and not torch.equal(got, expected)  # the same, its own rounding
+    assert torch.allclose(converted[1].running_mean, plain[1].running_mean, atol=1e-6)
+    assert torch.allclose(converted[1].running_var, plain[1].running_var, atol=1e-5)

@@ -51,13 +51,35 @@ def test_rebalancing_samplers_hit_their_class_distribution(name, expected):
     assert tail.min() > 0.8 * tail.mean()
 
 
-def test_progressive_sampler_moves_from_instance_to_balanced():
+def _classifier_balancing_progressive(counts, epochs: int, epoch: int) -> list[float]:
+    """Class probabilities of epoch ``epoch`` (from 0) of facebookresearch/classifier-balancing's progressively
+    balanced sampler, transcribed from ``data/MixedPrioritizedSampler.py`` (HEAD f162ade, ``manual_only``,
+    ``lam: null``, ``cycle: 0``): λ = ``np.linspace(0, 1, epochs)`` (l.232), indexed by ``reset_weights(epoch)``
+    with the epoch clipped to [0, epochs - 1] (l.323-332), which ``run_networks.py`` calls at the end of its
+    1-based epoch k (l.247, l.336-337) for the next one, the first epoch using ``lams[0]`` (l.263); per-image
+    weights ``balanced * λ + (1 - λ)`` (l.279-287) with ``balanced`` = min(n)/n_c rescaled to sum to N (l.289-312)."""
+    cnts = np.asarray(counts, dtype=float)
+    lams = np.linspace(0, 1, epochs)
+    lam = lams[min(max(epoch, 0), epochs - 1)]  # 0-based epoch t trains after reset_weights(t) (1-based epoch t)
+    per_image_balanced = (cnts.min() / cnts) * (cnts.sum() / (cnts * (cnts.min() / cnts)).sum())
+    per_image = per_image_balanced * lam + (1 - lam)
+    mass = cnts * per_image
+    return (mass / mass.sum()).tolist()
+
+
+def test_progressive_sampler_is_classifier_balancings_linspace_schedule():
     s = GlobalSampler(LABELS, 4, name="progressive", seed=0, progressive_epochs=10, num_samples=200_000)
+    for epoch in range(12):
+        assert s.class_probabilities(epoch).tolist() == pytest.approx(
+            _classifier_balancing_progressive(COUNTS, 10, epoch), abs=1e-12), epoch
     instance = [n / sum(COUNTS) for n in COUNTS]
     assert _class_histogram(s, 0).tolist() == pytest.approx(instance, abs=0.005)
-    halfway = [0.5 * p + 0.5 * 0.25 for p in instance]
-    assert _class_histogram(s, 5).tolist() == pytest.approx(halfway, abs=0.005)
-    assert _class_histogram(s, 10).tolist() == pytest.approx([0.25] * 4, abs=0.005)
+    # λ = t/(T-1): the last epoch of the schedule (t = 9 of 10) samples class-balanced, which t/T never reached.
+    assert _class_histogram(s, 9).tolist() == pytest.approx([0.25] * 4, abs=0.005)
+    third = [2 / 3 * p + 1 / 3 * 0.25 for p in instance]
+    assert _class_histogram(s, 3).tolist() == pytest.approx(third, abs=0.005)
+    one = GlobalSampler(LABELS, 4, name="progressive", seed=0, progressive_epochs=1)
+    assert one.class_probabilities(5).tolist() == pytest.approx(instance)  # linspace(0, 1, 1) == [0]
 
 
 def test_progressive_sampler_in_crt_follows_the_stage_s_own_epochs():
@@ -74,8 +96,8 @@ def test_progressive_sampler_in_crt_follows_the_stage_s_own_epochs():
     hist = lambda e: (np.bincount(labels[s.global_sequence(e).numpy()], minlength=4)  # noqa: E731
                       / s.num_samples).tolist()
     assert hist(10) == pytest.approx(instance, abs=0.005)  # cRT's first epoch: t = 0
-    assert hist(12) == pytest.approx([0.5 * p + 0.5 * 0.25 for p in instance], abs=0.005)
-    assert hist(14) == pytest.approx([0.25] * 4, abs=0.005)
+    assert hist(11) == pytest.approx([2 / 3 * p + 1 / 3 * 0.25 for p in instance], abs=0.005)
+    assert hist(13) == pytest.approx([0.25] * 4, abs=0.005)  # cRT's last epoch: balanced
     main = stage_sampler(spec.train, labels, 4, "main")
     assert not torch.equal(main.global_sequence(10), s.global_sequence(10))  # stages are seeded apart
 

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ...config import TrainConfig
 from .datasets import ArraySplit, DataSource
+from . import mixup
 from .file_batches import FileImages, _CollateOrEmpty, _IndexBatches, _ShardBatches, _transforms
 from .samplers import GlobalSampler, derive_seed, eval_shard
 
@@ -155,14 +156,47 @@ class EpochPlan:
     last_idx: Tensor | None = None
     last_whole: Tensor | None = None
     last_coords: Tensor | None = None
+    mix_idx: Tensor | None = None
+    """Mixup (:mod:`.mixup`): ``(full_steps, B / W)`` the image indices of this rank's partners; None without."""
+    mix_whole: Tensor | None = None
+    """``(full_steps, B)`` the permuted global batch's image indices."""
+    mix_coords: Tensor | None = None
+    mix_lam: Tensor | None = None
+    """``(full_steps,)`` float32: λ of each full global batch."""
+    last_mix_idx: Tensor | None = None
+    last_mix_whole: Tensor | None = None
+    last_mix_coords: Tensor | None = None
+    last_mix_lam: Tensor | None = None
+
+    KEYS = ("idx", "whole", "coords", "last_idx", "last_whole", "last_coords", "mix_idx", "mix_whole", "mix_coords",
+            "mix_lam", "last_mix_idx", "last_mix_whole", "last_mix_coords", "last_mix_lam")
 
     def fits(self, host: dict[str, Tensor | None]) -> bool:
         """The tables of ``host`` have this plan's shapes (so they can be copied in place)."""
         def same(a: Tensor | None, b: Tensor | None) -> bool:
             return (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape)
 
-        keys = ("idx", "whole", "coords", "last_idx", "last_whole", "last_coords")
-        return all(same(getattr(self, k), host.get(k)) for k in keys)
+        return all(same(getattr(self, k), host.get(k)) for k in self.KEYS)
+
+    @property
+    def mixing(self) -> bool:
+        return self.mix_lam is not None or self.last_mix_lam is not None
+
+    def row(self, kind: str, pos: Tensor, prefix: str = "") -> tuple[Tensor, Tensor, Tensor | None]:
+        """(idx, whole, coords) of the step at the device position ``pos``: a row of the full-batch tables
+        (``kind`` "full") or the short last batch ("last"); ``prefix`` "mix_": its mixup partners'."""
+        if kind == "full":
+            idx, whole, coords = (getattr(self, prefix + k) for k in ("idx", "whole", "coords"))
+            return (idx.index_select(0, pos).view(-1), whole.index_select(0, pos).view(-1),
+                    None if coords is None else coords.index_select(0, pos).view(-1, 3))
+        last = tuple(getattr(self, f"last_{prefix}{k}") for k in ("idx", "whole", "coords"))
+        return last  # type: ignore[return-value]
+
+    def lam(self, kind: str, pos: Tensor) -> Tensor:
+        """Mixup's λ of the step at ``pos`` (0-dim)."""
+        table = self.mix_lam if kind == "full" else self.last_mix_lam
+        assert table is not None
+        return (table.index_select(0, pos) if kind == "full" else table).view(())
 
     def rows(self, step: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """(idx, whole, coords) of ``step``, indexed on the host (the eager one-batch-at-a-time path)."""
@@ -192,8 +226,10 @@ class Feed:
 
     def __init__(self, data: DataSource, device: torch.device, *, rank: int, world_size: int, seed: int,
                  crop_padding: int, flip: bool, channels_last: bool, num_workers: int,
-                 color_jitter: float = 0.0) -> None:
+                 color_jitter: float = 0.0, mixup_alpha: float = 0.0) -> None:
         self.data, self.device, self.rank, self.world_size, self.seed = data, device, rank, world_size, seed
+        self.mixup_alpha = mixup_alpha
+        """Mixup of the main stage's in-memory batches (:mod:`.mixup`; 0: off); :meth:`plan_tables` draws it."""
         self.channels_last = channels_last
         self.num_workers = num_workers
         self.color_jitter = color_jitter
@@ -269,9 +305,11 @@ class Feed:
         """The training split on the device (in-memory sets only)."""
         return self._device_split("train")
 
-    def plan_tables(self, sampler: GlobalSampler, epoch: int, batch_size: int) -> dict[str, Tensor | None]:
+    def plan_tables(self, sampler: GlobalSampler, epoch: int, batch_size: int,
+                    with_mixup: bool = False) -> dict[str, Tensor | None]:
         """The host side of :meth:`epoch_plan`: the epoch's tables on the CPU, made from the same
-        per-step generators as always (the trainer makes the next epoch's while the GPU runs this one)."""
+        per-step generators as always (the trainer makes the next epoch's while the GPU runs this one);
+        ``with_mixup``: with the mixup partners of every step (``mixup_alpha``)."""
         images = self._device_split("train")
         seq = sampler.global_sequence(epoch)
         n, b, w, r = len(seq), batch_size, self.world_size, self.rank
@@ -286,22 +324,48 @@ class Feed:
         host = {"idx": whole[:, r::w].contiguous(), "whole": whole.contiguous(),
                 "coords": None if images.windows is None else (
                     torch.stack([d[r::w] for d in draws]) if draws else torch.zeros(0, b // w, 3, dtype=torch.int64))}
+        last_draw = None
         if n > full * b:
             last = seq[full * b:]
-            d = draw(full, len(last))
+            last_draw = d = draw(full, len(last))
             host.update(last_idx=last[r::w].contiguous(), last_whole=last.contiguous(),
                         last_coords=None if d is None else d[r::w].contiguous())
+        if with_mixup and self.mixup_alpha > 0:
+            host.update(self._mixup_tables(epoch, whole, draws, seq[full * b:], last_draw, images.windows is not None))
         if self.device.type == "cuda":
             host = {k: None if v is None else v.pin_memory() for k, v in host.items()}
         return host
 
+    def _mixup_tables(self, epoch: int, whole: Tensor, draws: list[Tensor | None], last: Tensor,
+                      last_draw: Tensor | None, augmented: bool) -> dict[str, Tensor | None]:
+        """The mixup partners of every global batch of the epoch (:mod:`.mixup`), as plan tables."""
+        r, w, b = self.rank, self.world_size, whole.shape[1]
+        idx, mixed, coords, lams = [], [], [], []
+        for step in range(len(whole)):
+            lam, perm = mixup.draw(self.mixup_alpha, self.seed, epoch, step, b)
+            i, m, c = mixup.partner_tables(whole[step], draws[step], perm, r, w)
+            idx.append(i), mixed.append(m), coords.append(c), lams.append(lam)
+        out: dict[str, Tensor | None] = {
+            "mix_idx": torch.stack(idx) if idx else torch.zeros(0, b // w, dtype=torch.int64),
+            "mix_whole": torch.stack(mixed) if mixed else torch.zeros(0, b, dtype=torch.int64),
+            "mix_coords": None if not augmented else (
+                torch.stack(coords) if coords else torch.zeros(0, b // w, 3, dtype=torch.int64)),
+            "mix_lam": torch.tensor(lams, dtype=torch.float32)}
+        if len(last):
+            lam, perm = mixup.draw(self.mixup_alpha, self.seed, epoch, len(whole), len(last))
+            i, m, c = mixup.partner_tables(last, last_draw, perm, r, w)
+            out.update(last_mix_idx=i.contiguous(), last_mix_whole=m.contiguous(),
+                       last_mix_coords=None if c is None else c.contiguous(),
+                       last_mix_lam=torch.tensor([lam], dtype=torch.float32))
+        return out
+
     def epoch_plan(self, sampler: GlobalSampler, epoch: int, batch_size: int, out: EpochPlan | None = None,
-                   tables: dict[str, Tensor | None] | None = None) -> EpochPlan:
+                   tables: dict[str, Tensor | None] | None = None, with_mixup: bool = False) -> EpochPlan:
         """The epoch's batches as index tables on the device (see :class:`EpochPlan`), copied in one go
         from :meth:`plan_tables` (or ``tables``, made earlier); into ``out``'s tensors, in place, when
         their shapes match (a captured step keeps reading the same addresses). The copies are queued
         behind the steps already launched, so those still read the previous epoch's tables."""
-        host = tables if tables is not None else self.plan_tables(sampler, epoch, batch_size)
+        host = tables if tables is not None else self.plan_tables(sampler, epoch, batch_size, with_mixup)
         n, b = sampler.num_samples, batch_size
         plan = out if out is not None and out.fits(host) else EpochPlan(
             steps=-(-n // b), full_steps=n // b,

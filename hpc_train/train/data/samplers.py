@@ -30,14 +30,24 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def progressive_lambda(stage_epoch: int, epochs: int) -> float:
+    """λ of the progressive sampler in the stage's epoch ``stage_epoch`` (from 0): classifier-balancing's
+    ``np.linspace(0, 1, epochs)[e]`` with e clipped to [0, epochs - 1] (``reset_weights``)."""
+    e = min(max(0, stage_epoch), epochs - 1)
+    return e / (epochs - 1) if epochs > 1 else 0.0
+
+
 class GlobalSampler:
     """Index sequences over a labelled training set; one per epoch, the same on every rank.
 
     ``instance``: a random permutation of all N images. ``class_balanced``, ``sqrt`` and ``progressive``
     draw N (class, image) pairs with replacement: the class from per-class probabilities, then an image
     of that class uniformly — ``class_balanced`` p_c = 1/C, ``sqrt`` p_c ∝ sqrt(n_c), ``progressive``
-    p_c(t) = (1 - t/T)·n_c/N + (t/T)/C with t the epoch *of the stage* (``phase_start_epoch`` is the
-    stage's first global epoch) and T ``progressive_epochs`` (Kang et al. 2020). ``class_aware`` is
+    p_c(t) = (1 - λ_t)·n_c/N + λ_t/C with t the epoch *of the stage* (``phase_start_epoch`` is the
+    stage's first global epoch) and λ_t = ``linspace(0, 1, T)[min(t, T - 1)]`` = t/(T - 1), T
+    ``progressive_epochs`` (Kang et al. 2020 as classifier-balancing's code runs it:
+    ``data/MixedPrioritizedSampler.py`` takes λ from ``np.linspace(0, 1, epochs)``, so its last epoch samples
+    class-balanced; with T = 1 that list is [0] and sampling stays instance-balanced). ``class_aware`` is
     classifier-balancing's ``ClassAwareSampler``: cycle through the classes in shuffled order, take
     ``per_class_draw`` images from the class's own shuffled cycle each time it comes up; its epoch is
     floor(N / batch_size) whole batches, the steps the reference trains per epoch. Seeds always use the
@@ -76,8 +86,8 @@ class GlobalSampler:
         if self.name == "sqrt":
             return n.sqrt() / n.sqrt().sum()
         if self.name == "progressive":
-            t = min(1.0, max(0, epoch - self.phase_start_epoch) / self.progressive_epochs)
-            return (1 - t) * n / n.sum() + t * uniform
+            lam = progressive_lambda(epoch - self.phase_start_epoch, self.progressive_epochs)
+            return (1 - lam) * n / n.sum() + lam * uniform
         raise ValueError(f"{self.name} has no class probabilities")
 
     def global_sequence(self, epoch: int) -> torch.Tensor:

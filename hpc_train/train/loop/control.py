@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ...rank import preempt
+
 
 @dataclass(frozen=True)
 class Flags:
@@ -99,3 +101,22 @@ class Agreement:
         """A barrier of all ranks on the CPU group (the GPU's queue is not drained)."""
         if self.group is not None:
             dist.barrier(group=self.group)
+
+
+def requeue_or_stop(agreement: Agreement, *, is_main: bool, requeue_enabled: bool, max_requeues: int,
+                    by_requeue_signal: bool, checkpoint_name: str, run_dir: object) -> tuple[bool, str]:
+    """After the preemption checkpoint: rank 0 requeues the job when the rules allow it (:mod:`~hpc_train.rank.
+    preempt`), every rank learns the outcome; returns it with the line that says so."""
+    requeued, message = False, ""
+    if is_main:
+        decision = preempt.decide_requeue(requeue_enabled=requeue_enabled, max_requeues=max_requeues,
+                                          by_requeue_signal=by_requeue_signal)
+        if decision.requeue and decision.job_id:
+            requeued, message = preempt.requeue(decision.job_id)
+        else:
+            message = f"not requeued: {decision.reason}"
+    requeued = agreement.agree_any(requeued)  # rank 0's outcome, on every rank
+    if requeued:
+        return True, f"checkpoint {checkpoint_name} written; job requeued ({message or 'by rank 0'})"
+    return False, (f"checkpoint {checkpoint_name} written, run stopped ({message or 'see rank 0'}); continue it "
+                   f"with: hpc-train submit --resume {run_dir}")

@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import nn
 
-from ...config import JobSpec, LossConfig, ScheduleConfig
+from ...config import JobSpec, ScheduleConfig
 from ...config.batchnorm import decide as batchnorm_decision
 from ...errors import ConfigError
 from ...rank import preempt
@@ -36,19 +34,20 @@ from ..data.pipeline import EpochPlan, Feed, default_crop_padding, default_flip
 from ..data.samplers import derive_seed, stage_sampler
 from ..model import two_stage
 from ..model.batchnorm import broadcast_buffers, synchronise_batchnorm
-from ..model.losses import CrossEntropy, build_loss
-from ..model.models import LongTailNet, init_model, make_classifier
+from ..model.losses import build_loss
+from ..model.models import LongTailNet, init_model
 from ..model.plugins import capture_check_required
 from ..observe import report
 from ..observe.pulse import Pulse
 from ..observe.evaluation import Evaluator, Head
 from ..state import checkpoint as ckpt
+from ..state.best_held_out import BestHeldOut
 from ..state.snapshots import Checkpointer
-from . import graphs
+from . import graphs, phases
 from .context import RankContext
-from .control import Agreement, Flags
+from .control import Agreement, Flags, requeue_or_stop
 from .schedule import LrSchedule, scaled_lr
-from .step import GradAllReduce, StepState, TrainStep, build_optimizer, eager_forward, reads_tensor_lr
+from .step import StepState, build_optimizer, reads_tensor_lr
 
 log = logging.getLogger("hpc_train.train")
 
@@ -63,12 +62,15 @@ class Trainer:
         self.feed = Feed(data, self.device, rank=ctx.rank, world_size=ctx.world_size, seed=t.seed,
                          crop_padding=default_crop_padding(t, data), flip=default_flip(t, data),
                          channels_last=t.channels_last, num_workers=t.data.num_workers,
-                         color_jitter=t.data.color_jitter)
+                         color_jitter=t.data.color_jitter, mixup_alpha=t.mixup_alpha)
+        if t.mixup_alpha and not data.in_memory:
+            raise ConfigError(f"train.mixup_alpha mixes in-memory data sets; {data.name} streams from disk: "
+                              "set it to 0")
 
         model = init_model(t, data)
         self.batchnorm = batchnorm_decision(t, ctx.world_size)
-        if self.batchnorm.on and ctx.distributed:
-            model = synchronise_batchnorm(model, self.device)
+        if self.batchnorm.on and (ctx.distributed or self.batchnorm.exact):
+            model = synchronise_batchnorm(model, self.device, exact=self.batchnorm.exact)
             if ctx.is_main:
                 log.info("BatchNorm %s", self.batchnorm.describe())
         model = model.to(self.device)
@@ -78,9 +80,11 @@ class Trainer:
         # Gradients are averaged over the ranks that train together (DDP); the losses scale by it.
         ranks = ctx.world_size if ctx.distributed else 1
         self.criterion = build_loss(t.loss, self.counts, ranks).to(self.device)
-        self.crt_criterion = CrossEntropy(self.counts, LossConfig(), ranks).to(self.device)
+        self.crt_criterion = build_loss(t.two_stage.crt_loss, self.counts, ranks).to(self.device)
         self.stage1: dict[str, Any] | None = None
         """The stage-1 classifier and BatchNorm buffers, kept when cRT starts (τ-normalisation uses them)."""
+        self.max_norm: two_stage.MaxNorm | None = None
+        """Weight balancing's MaxNorm of stage 2 (``two_stage.crt_max_norm``), its radius fixed when stage 2 starts."""
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.amp)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.amp == "fp16")
 
@@ -94,10 +98,12 @@ class Trainer:
         self.agreement = Agreement(ctx.distributed, timeout_s=t.process_group_timeout_s)
         self.checkpointer = Checkpointer(run_dir, self.device, keep=t.keep_checkpoints, writer=ctx.is_main,
                                          train_state=self)
+        self.best_held_out = BestHeldOut(run_dir, self.checkpointer, self.agreement.barrier, is_main=ctx.is_main)
         self.evaluator = Evaluator(self.model, self.feed, num_classes=data.num_classes, batch_size=t.eval_batch_size,
                                    distributed=ctx.distributed, autocast=self._autocast, train_counts=self.counts,
                                    posthoc_tau=t.loss.posthoc_tau, run_dir=run_dir, is_main=ctx.is_main,
-                                   tensorboard=t.tensorboard)
+                                   tensorboard=t.tensorboard,
+                                   logit_scale=t.loss.ldam_scale if t.model.classifier == "cosine" else 1.0)
         self.progress = report.Progress(self.device, printing=ctx.is_main)
         self.clock = report.RunClock(self.device)
         self.plan: EpochPlan | None = None
@@ -115,10 +121,11 @@ class Trainer:
         self._last_lr: float | None = None
 
         if self.checkpointer.restore() is None:  # else load_state_dict put this trainer where it left off
-            self._setup_phase("main", reinit_classifier=False)
+            self._setup_phase("main", starting=True)
 
     @property
     def best(self) -> dict[str, Any] | None:
+        """The best evaluation on the held-out split (None without one)."""
         return self.evaluator.best
 
     @property
@@ -149,7 +156,8 @@ class Trainer:
             "model": self.model.state_dict(), "optimizer": optimizer,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "scheduler": self.schedule.state_dict(), "sampler": self.sampler.state_dict(),
-            "rng": rng, "best": self.best, "last": self.last, "train_counts": self.counts, "stage1": self.stage1,
+            "rng": rng, **self.evaluator.state_dict(), "train_counts": self.counts, "stage1": self.stage1,
+            "max_norm_radius": None if self.max_norm is None else self.max_norm.radius,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -160,9 +168,14 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
-        self.evaluator.best, self.evaluator.last = state.get("best"), state.get("last")
+        self.evaluator.load_state_dict(state)
+        on_disk = self.best_held_out.record_on_disk() if self.data.val is not None else None
+        if on_disk is not None and on_disk["global_step"] != (self.evaluator.best_main or {}).get("global_step"):
+            self.evaluator.best_main = on_disk  # evaluated after this checkpoint, before a crash: the one to beat
         self.stage1 = state.get("stage1")
-        self._setup_phase(state["phase"], reinit_classifier=False)
+        radius = state.get("max_norm_radius")
+        self.max_norm = None if radius is None else two_stage.MaxNorm(float(radius))
+        self._setup_phase(state["phase"], starting=False)
         if int(state.get("world_size", ctx.world_size)) != ctx.world_size and ctx.is_main:
             # Steps are global batches and augmentations are keyed by global position: nothing changes.
             log.info("checkpoint written by %s ranks, continuing with %d", state.get("world_size"), ctx.world_size)
@@ -182,24 +195,26 @@ class Trainer:
     # Phases
     # ------------------------------------------------------------------------------------------
 
-    def _setup_phase(self, phase: str, *, reinit_classifier: bool) -> None:
-        t = self.cfg
-        self.phase = phase
+    def _setup_phase(self, phase: str, *, starting: bool) -> None:
+        """The phase's sampler, schedule, optimizer and step; ``starting``: the phase begins now (not a resume
+        into it), so stage 2 first puts stage 1's weights in place and keeps their snapshot."""
+        t, two = self.cfg, self.cfg.two_stage
+        self.phase, decay = phase, None
         if phase == "main":
             params = list(self.model.parameters())
             lr, schedule_cfg, epochs = scaled_lr(t, t.optim.lr), t.schedule, t.epochs
             self.phase_start_epoch = 0
-        else:  # crt: classifier re-training on frozen features
-            if reinit_classifier:
-                self.stage1 = two_stage.snapshot(self.model)
+        else:  # stage 2 (cRT and its relatives): the classifier on frozen features
+            if starting:
                 torch.manual_seed(derive_seed("crt", t.seed))
-                fresh = make_classifier(self.model.feature_dim, self.data.num_classes, self.model.classifier_kind)
-                self.model.classifier = fresh.to(self.device)
-            for p in self.model.backbone.parameters():
-                p.requires_grad_(False)
-            params = list(self.model.classifier.parameters())
-            lr, epochs = scaled_lr(t, t.two_stage.crt_lr), t.two_stage.crt_epochs
-            schedule_cfg = ScheduleConfig(name="cosine", update=t.two_stage.crt_lr_update)
+                self.stage1 = two_stage.begin_stage_two(self.model, reinit=two.crt_reinit, device=self.device,
+                                                        num_classes=self.data.num_classes,
+                                                        stage1_weights=self._best_held_out_weights())
+                if two.crt_max_norm is not None:
+                    self.max_norm = two_stage.MaxNorm.start(self.model.classifier, two.crt_max_norm)
+            params = two_stage.freeze_backbone(self.model)
+            lr, epochs, decay = scaled_lr(t, two.crt_lr), two.crt_epochs, two.crt_weight_decay
+            schedule_cfg = ScheduleConfig(name="cosine", update=two.crt_lr_update)
             self.phase_start_epoch = t.epochs
         self.sampler = stage_sampler(t, self.data.train.labels, self.data.num_classes, phase)
         self.steps_per_epoch = self.sampler.steps_per_epoch(t.batch_size)
@@ -207,28 +222,24 @@ class Trainer:
             raise ConfigError(f"{self.data.name} has no training images")
         self.schedule = LrSchedule(schedule_cfg, lr, epochs)
         self.state.lr.fill_(lr)
-        self.optimizer = build_optimizer(t, params, self.state.lr, captured=self.captured)
+        self.optimizer = build_optimizer(t, params, self.state.lr, captured=self.captured, weight_decay=decay)
         criterion = self.criterion if phase == "main" else self.crt_criterion
         criterion.reserve(t.batch_size, torch.float32, self.device)
-        grad_sync = None
-        if self.captured:  # a graph replays the plain (or compiled) model; the all-reduce is in the step
-            forward: nn.Module = graphs.compile_module(self.model) if t.compile else self.model
-            if self.ctx.distributed:
-                grad_sync = GradAllReduce(self.model, self.ctx.world_size)
-                for p in self.model.parameters():  # as DDP's constructor does
-                    dist.broadcast(p.data, 0)
-        else:
-            forward = eager_forward(self.model, t.strategy, self.device, distributed=self.ctx.distributed)
-            self.pulse.attach(forward)
-            forward = graphs.compile_module(forward) if t.compile else forward
-        self.train_model = forward
-        self.step = TrainStep(forward=forward, criterion=criterion, optimizer=self.optimizer, state=self.state,
-                              autocast=self._autocast, scaler=self.scaler, grad_sync=grad_sync,
-                              images=self.feed.train_images() if self.data.in_memory else None)
+        self.train_model, self.step = phases.assemble_step(
+            t, self.model, self.ctx, captured=self.captured, criterion=criterion, optimizer=self.optimizer,
+            state=self.state, counts=self.counts, autocast=self._autocast, scaler=self.scaler, main=phase == "main",
+            images=self.feed.train_images() if self.data.in_memory else None)
+        # Per-rank compute times hook the eager DDP model (under torch.compile, the module it wraps).
+        self.pulse.attach(getattr(self.train_model, "_orig_mod", self.train_model))
         self.plan = None  # the plan's shapes are the phase's
         self.runner = graphs.CapturedSteps(self.step, self.device, agree=self.agreement.agree_all,
                                            before_capture=self.checkpointer.wait,
                                            check=", ".join(capture_check_required(t)) or None) if self.captured else None
+
+    def _best_held_out_weights(self) -> dict[str, Any] | None:
+        """Stage 1's best model on the held-out split, or None without one (stage 2 then starts from the end of
+        stage 1)."""
+        return None if self.data.val is None else self.best_held_out.weights(self.device)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
@@ -259,6 +270,8 @@ class Trainer:
         self.checkpointer.wait()
         tau_record = None
         if t.two_stage.tau_norm:
+            if self.stage1 is None:  # no stage 2: the best of stage 1 on the held-out split, without a snapshot yet
+                self.model.load_state_dict(self._best_held_out_weights())
             tau_record = self.evaluator.tau_normalise(self.stage1, epoch=self.epoch, global_step=self.global_step)
             self.phase = "tau_norm"
         return self._finish(tau_record)
@@ -267,8 +280,10 @@ class Trainer:
         """One epoch of :meth:`fit`: train, agree, evaluate and record, checkpoint, stop if preempted."""
         t = self.cfg
         if self.epoch >= t.epochs and self.phase == "main":
-            self._setup_phase("crt", reinit_classifier=True)
+            self._setup_phase("crt", starting=True)
         self.train_epoch()
+        if self.max_norm is not None and self.phase == "crt":
+            self.max_norm.project(self.model.classifier)  # once per epoch, after its steps (weight balancing)
         self.progress.record(self.state.loss, self.state.nonfinite, None, f"epoch {self.epoch} (its end)")
         self.progress.flush(wait=True)  # the epoch's last steps too: a non-finite loss stops the run here at the latest
         flags = self.agreement.now(self._my_flags())
@@ -299,7 +314,7 @@ class Trainer:
         if self.data.in_memory:
             made = self._next_tables.pop((self.phase, self.epoch), None)
             self.plan = self.step.plan = self.feed.epoch_plan(self.sampler, self.epoch, t.batch_size, out=self.plan,
-                                                              tables=made)
+                                                              tables=made, with_mixup=self.phase == "main")
             for step in range(start, self.steps_per_epoch):
                 kind = "full" if step < self.plan.full_steps else "last"
                 self.step.host_step = step
@@ -311,7 +326,7 @@ class Trainer:
             if self.epoch + 1 < (t.epochs if self.phase == "main" else self.total_epochs):
                 # The next epoch's tables, made on the CPU while the GPU works through this one's steps.
                 self._next_tables = {(self.phase, self.epoch + 1): self.feed.plan_tables(
-                    self.sampler, self.epoch + 1, t.batch_size)}
+                    self.sampler, self.epoch + 1, t.batch_size, with_mixup=self.phase == "main")}
         else:
             for x, y, y_global in self.feed.train_batches(self.sampler, self.epoch, t.batch_size, start):
                 self.step.host_step = self.step_in_epoch
@@ -369,20 +384,9 @@ class Trainer:
                     ",".join(mine) if mine else "on another rank", self.epoch, self.step_in_epoch)
         path = self.save_checkpoint(wait=True)  # written and fsynced before any requeue or exit
         s = self.spec.slurm
-        requeued, message = False, ""
-        if self.ctx.is_main:
-            decision = preempt.decide_requeue(requeue_enabled=s.requeue, max_requeues=s.max_requeues,
-                                              by_requeue_signal=by_requeue_signal)
-            if decision.requeue and decision.job_id:
-                requeued, message = preempt.requeue(decision.job_id)
-            else:
-                message = f"not requeued: {decision.reason}"
-        requeued = self.agreement.agree_any(requeued)  # rank 0's outcome, on every rank
-        if requeued:
-            summary = f"checkpoint {path.name} written; job requeued ({message or 'by rank 0'})"
-        else:
-            summary = (f"checkpoint {path.name} written, run stopped ({message or 'see rank 0'}); continue it "
-                       f"with: hpc-train submit --resume {self.run_dir}")
+        requeued, summary = requeue_or_stop(self.agreement, is_main=self.ctx.is_main, requeue_enabled=s.requeue,
+                                            max_requeues=s.max_requeues, by_requeue_signal=by_requeue_signal,
+                                            checkpoint_name=path.name, run_dir=self.run_dir)
         self._write_status(rundir.REQUEUED if requeued else rundir.PREEMPTED,
                            exit_code=rundir.EXIT_OK if requeued else rundir.EXIT_CHECKPOINTED)
         if self.ctx.is_main:
@@ -422,6 +426,8 @@ class Trainer:
                                                     global_step=self.global_step, phase=self.phase,
                                                     has_val=self.data.val is not None)
         self.clock.stop("eval", self.evaluator.images - before)
+        if self.evaluator.improved_main:  # its own snapshot, whatever the checkpoint cadence
+            self.best_held_out.save(record, self.model)
         return record
 
     def _finish(self, tau_record: dict[str, Any] | None) -> dict[str, Any]:
@@ -435,6 +441,7 @@ class Trainer:
         summary = report.finish(run_dir=self.run_dir, data_name=self.data.name, num_classes=self.data.num_classes,
                                 total_epochs=self.total_epochs, global_step=self.global_step,
                                 world_size=self.ctx.world_size, counts=self.counts, best=self.best, last=self.last,
+                                best_on_test=self.evaluator.best_on_test,
                                 tau_record=tau_record, timing=timing, is_main=self.ctx.is_main)
         self._write_status(rundir.COMPLETED, exit_code=rundir.EXIT_OK)
         self.pulse.beat(self, "done", force=True)

@@ -19,7 +19,12 @@ captured, and keeps the plain float-lr AdamW elsewhere.
 At world size > 1 the eager path keeps DDP (its bucketed all-reduce overlaps the backward pass). A
 captured step cannot replay DDP's hooks, so :class:`GradAllReduce` writes out what DDP does —
 BatchNorm buffers broadcast from rank 0 before the forward, gradients × 1/W summed in one all-reduce —
-and a test checks that it gives DDP's gradients and buffers.
+and a test checks that it gives DDP's gradients and buffers. The sharpness-aware step (:mod:`.sam`, two
+backward passes per step) uses it on the eager path too.
+
+Mixup (``mixup_alpha``) mixes this rank's images with their partners in the global batch (:class:`Mixed`:
+the partners' images, targets and λ come from the epoch plan, drawn per global batch); the loss is
+λ·L(y) + (1 - λ)·L(y[π]), each normalised over the global batch as always.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from torch import Tensor, nn
 from ...config import TrainConfig
 from ..data.pipeline import DeviceImages, EpochPlan
 from ..model.batchnorm import broadcast_buffers
+from .sam import SharpnessAware
 
 
 def eager_forward(model: nn.Module, strategy: str, device: torch.device, *, distributed: bool) -> nn.Module:
@@ -85,17 +91,18 @@ class StepState:
         self.position.fill_(start_step)
 
 
-def build_optimizer(cfg: TrainConfig, params: list[nn.Parameter], lr: Tensor, *,
-                    captured: bool) -> torch.optim.Optimizer:
-    """The phase's optimizer reading ``lr`` (see the module docstring). Momentum buffers are created by
-    the first (eager) step, before any capture."""
+def build_optimizer(cfg: TrainConfig, params: list[nn.Parameter], lr: Tensor, *, captured: bool,
+                    weight_decay: float | None = None) -> torch.optim.Optimizer:
+    """The phase's optimizer reading ``lr`` (see the module docstring); ``weight_decay`` (stage 2's) replaces
+    ``optim.weight_decay``. Momentum buffers are created by the first (eager) step, before any capture."""
     o = cfg.optim
+    decay = o.weight_decay if weight_decay is None else weight_decay
     if o.name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay,
+        return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=decay,
                                nesterov=o.nesterov, fused=True)
     if captured:  # capturable: torch refuses to capture the step of an optimizer built without it
-        return torch.optim.AdamW(params, lr=lr, weight_decay=o.weight_decay, fused=True, capturable=True)
-    return torch.optim.AdamW(params, lr=float(lr), weight_decay=o.weight_decay)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=decay, fused=True, capturable=True)
+    return torch.optim.AdamW(params, lr=float(lr), weight_decay=decay)
 
 
 def reads_tensor_lr(optimizer: torch.optim.Optimizer) -> bool:
@@ -123,6 +130,17 @@ class GradAllReduce:
         torch._foreach_copy_(grads, [v.view_as(g) for v, g in zip(flat.split([g.numel() for g in grads]), grads)])
 
 
+@dataclass
+class Mixed:
+    """Mixup partners of this rank's share of a global batch: their images (augmented as drawn for their own
+    positions), their targets, the targets of the permuted global batch, and λ (0-dim, on the device)."""
+
+    x: Tensor
+    y: Tensor
+    y_global: Tensor
+    lam: Tensor
+
+
 class TrainStep:
     """One optimizer step: :meth:`body` from the epoch plan (capturable), :meth:`compute` from a batch
     the host hands over (on-disk data sets). ``forward`` is the module the batch goes through (the
@@ -132,9 +150,10 @@ class TrainStep:
     def __init__(self, *, forward: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer,
                  state: StepState, autocast: Callable[[], contextlib.AbstractContextManager],
                  scaler: torch.amp.GradScaler, grad_sync: GradAllReduce | None = None,
-                 images: DeviceImages | None = None) -> None:
+                 images: DeviceImages | None = None, sam: SharpnessAware | None = None) -> None:
         self.forward, self.criterion, self.optimizer = forward, criterion, optimizer
         self.state, self.autocast, self.scaler, self.grad_sync, self.images = state, autocast, scaler, grad_sync, images
+        self.sam = sam
         self.plan: EpochPlan | None = None
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.host_lrs: list[float] = []
@@ -148,21 +167,21 @@ class TrainStep:
         plan, images, pos = self.plan, self.images, self.state.position
         assert plan is not None and images is not None
         with self.guard():
-            if kind == "full":
-                idx = plan.idx.index_select(0, pos).view(-1)
-                whole = plan.whole.index_select(0, pos).view(-1)
-                coords = None if plan.coords is None else plan.coords.index_select(0, pos).view(-1, 3)
-            else:
-                idx, whole, coords = plan.last_idx, plan.last_whole, plan.last_coords
+            idx, whole, coords = plan.row(kind, pos)
             x, y = images.apply(idx, coords)
-            self._step(x, y, images.labels[whole])
+            mixed = None
+            if plan.mixing:
+                mix_idx, mix_whole, mix_coords = plan.row(kind, pos, prefix="mix_")
+                x_b, y_b = images.apply(mix_idx, mix_coords)
+                mixed = Mixed(x_b, y_b, images.labels[mix_whole], plan.lam(kind, pos))
+            self._step(x, y, images.labels[whole], mixed)
 
     def compute(self, x: Tensor, y: Tensor, y_global: Tensor) -> None:
         """The step for a batch the host hands over (DataLoader batches)."""
         with self.guard():
             self._step(x, y, y_global)
 
-    def _step(self, x: Tensor, y: Tensor, y_global: Tensor) -> None:
+    def _step(self, x: Tensor, y: Tensor, y_global: Tensor, mixed: Mixed | None = None) -> None:
         state = self.state
         if reads_tensor_lr(self.optimizer):
             state.lr.copy_(state.lr_table.index_select(0, state.position).view(()))
@@ -170,10 +189,29 @@ class TrainStep:
             rate = self.host_lrs[self.host_step]
             for group in self.optimizer.param_groups:
                 group["lr"] = rate
+        if mixed is not None:
+            x = mixed.lam * x + (1 - mixed.lam) * mixed.x
+        if self.sam is not None:
+            done = self._sharpness_aware_step(x, y, y_global, mixed)
+        else:
+            done = self._plain_step(x, y, y_global, mixed)
+        state.loss.copy_(done)
+        state.nonfinite.logical_or_(~torch.isfinite(done))
+        state.position.add_(1)
+
+    def _loss(self, x: Tensor, y: Tensor, y_global: Tensor, mixed: Mixed | None) -> Tensor:
+        """This rank's share of the global batch's loss (λ·L(y) + (1 - λ)·L(y[π]) with mixup)."""
         if self.grad_sync is not None:
             self.grad_sync.before_forward()
         with self.autocast():
-            loss = self.criterion(self.forward(x), y, y_global)
+            logits = self.forward(x)
+            loss = self.criterion(logits, y, y_global)
+            if mixed is not None:
+                loss = mixed.lam * loss + (1 - mixed.lam) * self.criterion(logits, mixed.y, mixed.y_global)
+        return loss
+
+    def _plain_step(self, x: Tensor, y: Tensor, y_global: Tensor, mixed: Mixed | None) -> Tensor:
+        loss = self._loss(x, y, y_global, mixed)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler.is_enabled():
             self.scaler.scale(loss).backward()
@@ -184,7 +222,20 @@ class TrainStep:
             if self.grad_sync is not None:
                 self.grad_sync.after_backward(self.params)
             self.optimizer.step()
-        done = loss.detach()
-        state.loss.copy_(done)
-        state.nonfinite.logical_or_(~torch.isfinite(done))
-        state.position.add_(1)
+        return loss.detach()
+
+    def _sharpness_aware_step(self, x: Tensor, y: Tensor, y_global: Tensor, mixed: Mixed | None) -> Tensor:
+        """SAM or ImbSAM (:mod:`.sam`): the same inputs for both passes."""
+        sam = self.sam
+        assert sam is not None
+        if sam.tail_classes is None:
+            return sam.step(lambda: self._loss(x, y, y_global, mixed), self.optimizer)
+
+        def terms() -> tuple[Tensor, Tensor, Tensor]:
+            if self.grad_sync is not None:
+                self.grad_sync.before_forward()
+            with self.autocast():
+                values, scale = self.criterion.terms(self.forward(x), y, y_global)
+            return values, scale, y
+
+        return sam.imbalanced_step(terms, self.optimizer)

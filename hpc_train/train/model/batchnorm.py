@@ -6,7 +6,9 @@ mean, which every rank holds identically, to keep the float32 variance free of c
 count; one all-reduce gives the global batch's mean and variance. The all-reduce's backward is an
 all-reduce of the gradients of those sums, so each rank back-propagates the global batch's statistics
 exactly as one process would. Ranks may hold different numbers of images, none included (the last batch
-of an epoch). On CUDA, ``nn.SyncBatchNorm`` computes the same statistics with fused kernels.
+of an epoch). With ``sync_bn: true`` it is the BatchNorm of every world size, one process included (the
+all-reduce is then skipped), so the arithmetic does not change with the world size. Otherwise, on CUDA,
+``nn.SyncBatchNorm`` computes the same statistics with fused kernels.
 """
 
 from __future__ import annotations
@@ -35,16 +37,18 @@ class _SumOverRanks(torch.autograd.Function):
 
 
 class GlobalBatchNorm(_BatchNorm):
-    """BatchNorm over the global batch of all ranks (any input of shape ``N × C × ...``). In evaluation,
-    or without a process group, it is plain BatchNorm."""
+    """BatchNorm over the global batch of all ranks (any input of shape ``N × C × ...``); in training it
+    computes the statistics the same way in one process (no all-reduce then). In evaluation it is plain
+    BatchNorm (running statistics, which every rank holds identically)."""
 
     def _check_input_dim(self, x: Tensor) -> None:
         if x.dim() < 2:
             raise ValueError(f"expected an input of at least 2 dimensions, got {x.dim()}")
 
     def forward(self, x: Tensor) -> Tensor:
-        if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if not self.training:
             return super().forward(x)
+        together = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         c = x.shape[1]
         dims = [0, *range(2, x.dim())]
         view = (1, c) + (1,) * (x.dim() - 2)
@@ -52,7 +56,8 @@ class GlobalBatchNorm(_BatchNorm):
         shift = self.running_mean.detach().float() if self.running_mean is not None else xf.new_zeros(c)
         centred = xf - shift.view(view)
         count = xf.new_full((1,), x.numel() // max(c, 1))
-        total = _SumOverRanks.apply(torch.cat([centred.sum(dims), (centred * centred).sum(dims), count]))
+        sums = torch.cat([centred.sum(dims), (centred * centred).sum(dims), count])
+        total = _SumOverRanks.apply(sums) if together else sums
         n = total[2 * c]
         mean_shifted = total[:c] / n
         var = (total[c:2 * c] / n - mean_shifted * mean_shifted).clamp_min(0)  # biased, as BatchNorm normalises
@@ -70,9 +75,10 @@ class GlobalBatchNorm(_BatchNorm):
         return y.to(x.dtype)
 
 
-def synchronise_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
-    """``model`` with every BatchNorm synchronised across ranks (weights and buffers kept)."""
-    if device.type == "cuda":
+def synchronise_batchnorm(model: nn.Module, device: torch.device, *, exact: bool = False) -> nn.Module:
+    """``model`` with every BatchNorm synchronised across ranks (weights and buffers kept): GlobalBatchNorm
+    when ``exact`` (the same arithmetic at every world size) or on CPUs, else CUDA's fused SyncBatchNorm."""
+    if device.type == "cuda" and not exact:
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return _convert(model)
 

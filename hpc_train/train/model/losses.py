@@ -58,11 +58,13 @@ class LongTailLoss(nn.Module):
     """Base: per-class weights (switched on at ``drw_epoch`` by :meth:`set_epoch`) and the global-batch
     reduction. Subclasses implement :meth:`per_sample`."""
 
-    normalise_by_weight = True
-    """Divide by the global batch's summed target weights (cross-entropy type); False: by its size."""
+    batch_mean = False
+    """A batch mean in its reference (the focal losses): always divided by the batch size."""
 
     def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
         super().__init__()
+        self.normalise_by_weight = cfg.normalise == "weight_sum" and not self.batch_mean
+        """Divide by the global batch's summed target weights; False: by its size."""
         self.counts_list = [int(c) for c in counts]
         self.num_classes = len(self.counts_list)
         self.world_size = world_size
@@ -108,12 +110,18 @@ class LongTailLoss(nn.Module):
         weight = self.class_weights.to(dtype)
         return torch.ops.aten.nll_loss_forward(self._zeros[:n], global_target, weight, 1, -100)[1]
 
+    def terms(self, logits: Tensor, target: Tensor, global_target: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The per-sample values and the factor W / D that makes their sum this rank's share (what ImbSAM splits
+        into its head and tail parts)."""
+        values = self.per_sample(logits, target)
+        total = self.normaliser(target if global_target is None else global_target, values.dtype)
+        return values, self.world_size / total
+
     def forward(self, logits: Tensor, target: Tensor, global_target: Tensor | None = None) -> Tensor:
         """This rank's share of the global batch's loss (see the module docstring). ``global_target``:
         the targets of the whole global batch; None means this rank holds all of it."""
-        values = self.per_sample(logits, target)
-        total = self.normaliser(target if global_target is None else global_target, values.dtype)
-        return values.sum() * (self.world_size / total)
+        values, scale = self.terms(logits, target, global_target)
+        return values.sum() * scale
 
 
 class CrossEntropy(LongTailLoss):
@@ -131,7 +139,7 @@ class FocalLoss(LongTailLoss):
     from the unweighted softmax (LDAM-DRW derives it from the weighted CE, which mixes the weight into
     the focusing term)."""
 
-    normalise_by_weight = False
+    batch_mean = True
 
     def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
         super().__init__(counts, cfg, world_size)
@@ -141,6 +149,58 @@ class FocalLoss(LongTailLoss):
         logits, weight = self._prepare(logits)
         ce = F.cross_entropy(logits, target, reduction="none")
         return (1.0 - torch.exp(-ce)).pow(self.gamma) * ce * weight[target]
+
+
+class SigmoidFocalLoss(LongTailLoss):
+    """Cui et al. 2019 (richardaecn/class-balanced-loss ``src/cifar_main.py``, ``focal_loss``): per class a
+    sigmoid binary cross-entropy against the one-hot target, times the focusing term (1 - p_t)^γ written as
+    exp(-γ·t·z - γ·log(1 + e^-z)) (t the one-hot label, z the logit; softplus keeps it finite for large |z|),
+    summed over the classes, weighted by the class weight of the sample's target, divided by the number of
+    labels — the batch size. γ = 0 is their sigmoid loss; with ``reweight: class_balanced`` their CB focal
+    loss. (Their last layer starts with bias -log(C - 1): :func:`~.models.init_model`.)"""
+
+    batch_mean = True
+
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
+        self.gamma = cfg.focal_gamma
+
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+        logits, weight = self._prepare(logits)
+        onehot = target_mask(target, logits.shape[1]).to(logits.dtype)
+        bce = F.binary_cross_entropy_with_logits(logits, onehot, reduction="none")
+        if self.gamma:
+            bce = torch.exp(-self.gamma * (onehot * logits + F.softplus(-logits))) * bce
+        return bce.sum(dim=1) * weight[target]
+
+
+def label_aware_smoothing(counts: Sequence[int], smooth_head: float, smooth_tail: float) -> Tensor:
+    """MiSLAS's per-class smoothing (``methods.py``, ``LabelAwareSmoothing``, shape ``concave``): ε_c = tail +
+    (head - tail)·sin((n_c - n_min)·π / (2·(n_max - n_min))); every class gets ``smooth_head`` when all counts
+    are equal (where MiSLAS divides by zero)."""
+    n = torch.as_tensor(counts, dtype=torch.float64)
+    spread = float(n.max() - n.min())
+    if spread == 0:
+        return torch.full_like(n, smooth_head)
+    return smooth_tail + (smooth_head - smooth_tail) * torch.sin((n - n.min()) * math.pi / (2 * spread))
+
+
+class LabelAwareSmoothingLoss(LongTailLoss):
+    """Zhong et al. 2021 (MiSLAS): (1 - ε_y)·(-log p_y) + ε_y·mean_c(-log p_c), ε_y from the target's class
+    (:func:`label_aware_smoothing`); MiSLAS takes the batch mean (the ``weight_sum`` normaliser without class
+    weights)."""
+
+    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
+        super().__init__(counts, cfg, world_size)
+        self.register_buffer("smoothing", label_aware_smoothing(self.counts_list, cfg.smooth_head, cfg.smooth_tail),
+                             persistent=False)
+
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+        logits, weight = self._prepare(logits)
+        log_p = F.log_softmax(logits, dim=1)
+        eps = self.smoothing.to(logits.dtype)[target]
+        nll = -log_p.gather(1, target[:, None]).squeeze(1)
+        return ((1.0 - eps) * nll + eps * -log_p.mean(dim=1)) * weight[target]
 
 
 class LDAMLoss(LongTailLoss):
@@ -191,6 +251,8 @@ LOSSES: dict[str, type[LongTailLoss]] = {
     "ldam": LDAMLoss,
     "balanced_softmax": BalancedSoftmaxLoss,
     "logit_adjusted": LogitAdjustedLoss,
+    "label_aware_smoothing": LabelAwareSmoothingLoss,
+    "sigmoid_focal": SigmoidFocalLoss,
 }
 """The built-in losses, by the names ``train.loss.name`` takes (``config.LossName``: a test ties them)."""
 

@@ -4,11 +4,22 @@
 16/32/64, option-A shortcuts that subsample and zero-pad channels, Kaiming-normal init): 464,154
 parameters with a 10-class linear head. torchvision's ResNet/ResNeXt are built without pretrained
 weights (nothing can be downloaded on a compute node, and long-tail benchmarks train from scratch).
-``small_cnn`` is a few-layer CNN for the 8×8 digits demo.
+``small_cnn`` is a few-layer CNN for the 8×8 digits demo. ``resnet34_cifar`` is the ResNet-34 weight balancing
+and ImbSAM train on CIFAR (``utils/network_arch_resnet.py``'s ``ResnetEncoder``): torchvision's ResNet-34 with
+a 3×3 stride-1 first convolution and no max-pool.
+
+The linear classifier starts as its reference starts it: Kaiming-normal weights where the backbone's code
+initialises every ``nn.Linear`` so (LDAM-DRW's ``resnet_cifar.py``, ``_weights_init``; MiSLAS's CIFAR
+classifier copies it) — ``resnet32``, and ``small_cnn`` and plug-ins, which have no reference and keep what
+they always had — and PyTorch's default ``nn.Linear`` init (uniform, std 1/√(3d)) for the torchvision
+networks, as classifier-balancing's ``DotProduct_Classifier`` and weight balancing's ``ResnetEncoder`` create
+theirs. cRT re-creates the classifier with PyTorch's default
+init whatever the network (classifier-balancing builds a new ``nn.Linear``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -35,22 +46,26 @@ class NormedLinear(nn.Module):
 
 
 class LongTailNet(nn.Module):
-    def __init__(self, backbone: nn.Module, feature_dim: int, num_classes: int, classifier: str) -> None:
+    def __init__(self, backbone: nn.Module, feature_dim: int, num_classes: int, classifier: str, *,
+                 kaiming: bool = False) -> None:
         super().__init__()
         self.backbone = backbone
         self.feature_dim = feature_dim
         self.classifier_kind = classifier
-        self.classifier = make_classifier(feature_dim, num_classes, classifier)
+        self.classifier = make_classifier(feature_dim, num_classes, classifier, kaiming=kaiming)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(self.backbone(x))
 
 
-def make_classifier(feature_dim: int, num_classes: int, kind: str) -> nn.Module:
+def make_classifier(feature_dim: int, num_classes: int, kind: str, *, kaiming: bool = False) -> nn.Module:
+    """The classifier: cosine (LDAM's NormedLinear) or linear, PyTorch's default init unless ``kaiming``
+    (the module docstring says which networks)."""
     if kind == "cosine":
         return NormedLinear(feature_dim, num_classes)
     layer = nn.Linear(feature_dim, num_classes)
-    nn.init.kaiming_normal_(layer.weight)
+    if kaiming:
+        nn.init.kaiming_normal_(layer.weight)
     return layer
 
 
@@ -135,30 +150,37 @@ class _GlobalAveragePool(nn.Module):
 # --------------------------------------------------------------------------------------------------
 
 
-def _torchvision_backbone(name: str, in_channels: int) -> tuple[nn.Module, int]:
+def _torchvision_backbone(name: str, in_channels: int, *, cifar_stem: bool = False) -> tuple[nn.Module, int]:
     from torchvision import models as tv
 
     net = getattr(tv, name)(weights=None)
-    if in_channels != 3:
+    if cifar_stem:  # weight balancing's ResnetEncoder: a new conv1 3x3 stride 1 (PyTorch's default init, as it is
+        # created after torchvision's init), no max-pool: 32 -> 4 pixels at layer4, then the global average pool
+        net.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
+        net.maxpool = nn.Identity()
+    elif in_channels != 3:
         net.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
     feature_dim = net.fc.in_features
     net.fc = nn.Identity()
     return net, feature_dim
 
 
-def _torchvision(name: str) -> Callable[[ModelConfig, int, int], LongTailNet]:
+def _torchvision(name: str, *, cifar_stem: bool = False) -> Callable[[ModelConfig, int, int], LongTailNet]:
     def build(cfg: ModelConfig, num_classes: int, in_channels: int) -> LongTailNet:
-        backbone, feature_dim = _torchvision_backbone(name, in_channels)
+        backbone, feature_dim = _torchvision_backbone(name, in_channels, cifar_stem=cifar_stem)
         return LongTailNet(backbone, feature_dim, num_classes, cfg.classifier)
 
     return build
 
 
 MODELS: dict[str, Callable[[ModelConfig, int, int], LongTailNet]] = {
-    "resnet32": lambda cfg, classes, channels: LongTailNet(CifarResNet(5, channels), 64, classes, cfg.classifier),
-    "small_cnn": lambda cfg, classes, channels: LongTailNet(small_cnn(channels), 128, classes, cfg.classifier),
+    "resnet32": lambda cfg, classes, channels: LongTailNet(CifarResNet(5, channels), 64, classes, cfg.classifier,
+                                                           kaiming=True),
+    "small_cnn": lambda cfg, classes, channels: LongTailNet(small_cnn(channels), 128, classes, cfg.classifier,
+                                                            kaiming=True),
     **{name: _torchvision(name) for name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnext50_32x4d",
                                              "resnext101_32x8d")},
+    "resnet34_cifar": _torchvision("resnet34", cifar_stem=True),
 }
 """The built-in models, by the names ``train.model.name`` takes (``config.ModelName``: a test ties them);
 each ``(model config, classes, input channels) -> LongTailNet``."""
@@ -179,7 +201,12 @@ def init_model(cfg: TrainConfig, data) -> LongTailNet:
     from ..data.samplers import derive_seed
 
     torch.manual_seed(derive_seed("model", cfg.seed))
-    return build_model(cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
+    model = build_model(cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
+    if cfg.loss.name == "sigmoid_focal" and isinstance(model.classifier, nn.Linear):
+        # Cui et al.'s sigmoid and focal losses start every class at p = 1/C (src/model_base.py, bias_initializer).
+        with torch.no_grad():
+            model.classifier.bias.fill_(-math.log(max(data.num_classes - 1, 1)))
+    return model
 
 
 def unwrap(model: nn.Module) -> LongTailNet:

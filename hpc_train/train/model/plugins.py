@@ -45,7 +45,7 @@ def build_model(cfg: ModelConfig, *, num_classes: int, in_channels: int):
     if not isinstance(backbone, nn.Module) or not isinstance(feature_dim, int) or feature_dim < 1:
         raise ConfigError(f"train.model.name: {cfg.name} returned {type(made).__name__}; a plug-in model returns "
                           "an nn.Module with an int feature_dim attribute, or (module, feature_dim)")
-    return LongTailNet(backbone, feature_dim, num_classes, cfg.classifier)
+    return LongTailNet(backbone, feature_dim, num_classes, cfg.classifier, kaiming=True)  # as before: no reference
 
 
 def build_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1):

@@ -5,6 +5,12 @@
 classifier cRT re-trains. cRT keeps the backbone in training mode, so it re-estimates the BatchNorm
 statistics on class-balanced batches; the snapshot therefore holds the stage-1 classifier *and* the
 stage-1 BatchNorm buffers, and τ-normalisation evaluates with both put back.
+
+Stage 1 is the best epoch on the held-out split when there is one — classifier-balancing's stage 2 loads
+stage 1's best checkpoint on val — else the end of stage 1; never an epoch chosen on test. Stage 2 (cRT and
+its relatives) re-initialises the classifier (cRT: a new ``nn.Linear``) or fine-tunes it (MiSLAS, weight
+balancing), on frozen features. Weight balancing's MaxNorm (:class:`MaxNorm`) caps the class vectors' norms
+after every stage-2 epoch.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor
 
-from .models import LongTailNet
+from torch import nn
+
+from .models import LongTailNet, make_classifier
 
 TAU_GRID = tuple(round(0.1 * i, 1) for i in range(21))
 """τ values tried by τ-normalisation (classifier-balancing's np.linspace(0, 2, 21))."""
@@ -58,3 +66,47 @@ def tau_heads(classifier_state: dict[str, Tensor],
         return lambda f: f.float() @ scaled.t()
 
     return {str(tau): head(tau) for tau in TAU_GRID}
+
+
+def begin_stage_two(model: LongTailNet, *, reinit: bool, num_classes: int, device: torch.device,
+                    stage1_weights: dict[str, Tensor] | None = None) -> dict[str, Any]:
+    """Put stage 1's weights in place (``stage1_weights``: the best on the held-out split; None: the model as
+    it is, the end of stage 1), keep its snapshot for τ-normalisation, and re-create the classifier when
+    ``reinit`` (PyTorch's default ``nn.Linear`` init, as classifier-balancing's cRT builds it; the caller seeds
+    it). Returns the snapshot."""
+    if stage1_weights is not None:
+        model.load_state_dict(stage1_weights)
+    kept = snapshot(model)
+    if reinit:
+        model.classifier = make_classifier(model.feature_dim, num_classes, model.classifier_kind).to(device)
+    return kept
+
+
+def freeze_backbone(model: LongTailNet) -> list[nn.Parameter]:
+    """Stage 2 trains the classifier alone: the backbone's weights stop learning; returns what does."""
+    for p in model.backbone.parameters():
+        p.requires_grad_(False)
+    return list(model.classifier.parameters())
+
+
+class MaxNorm:
+    """Weight balancing's MaxNorm by projected gradient descent (ShadeAlsha/LTR-weight-balancing,
+    ``utils/regularizers.py``, ``MaxNorm_via_PGD``): the radius is fixed once, when stage 2 starts, at
+    min + thresh·(max - min) of the classifier's per-class weight norms (``setPerLayerThresh``); ``project``
+    scales every class vector longer than it back onto the ball (``PGD``; the bias has an infinite radius).
+    The reference projects once per epoch, after the epoch's training steps (``utils/trainval.py``), and so
+    does the trainer. The same on every rank: the weights are."""
+
+    def __init__(self, radius: float) -> None:
+        self.radius = radius
+
+    @classmethod
+    def start(cls, classifier: nn.Module, thresh: float) -> "MaxNorm":
+        norms = classifier.weight.detach().norm(dim=1)  # in the weights' dtype, as the reference computes it
+        return cls(float(norms.min() + thresh * (norms.max() - norms.min())))
+
+    @torch.no_grad()
+    def project(self, classifier: nn.Module) -> None:
+        weight = classifier.weight
+        norms = weight.norm(dim=1, keepdim=True)
+        weight.mul_(torch.where(norms > self.radius, self.radius / norms, torch.ones_like(norms)))

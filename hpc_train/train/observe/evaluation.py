@@ -10,6 +10,13 @@ split of the evaluation is done. So world sizes 1, 2, 3 and any batch size give 
 
 Before evaluating, every rank takes rank 0's BatchNorm buffers: every rank evaluates exactly the model
 that is saved. The records (``metrics.jsonl``), the best-epoch choice and τ-normalisation are here too.
+
+The headline is the last evaluation. "Best" is chosen on the held-out split only (best held-out balanced
+accuracy, its test numbers reported); the epoch with the best *test* top-1 — what LDAM-DRW and MiSLAS print
+as "Best Prec@1", a choice made on the test split — is kept only under its own name, ``best_on_test``.
+Calibration: the expected calibration error of the test split (MiSLAS's ``utils/metric.py``,
+``calibration``: 15 equal-width bins of the top softmax probability, Σ_b |acc_b - conf_b|·n_b / N), from
+per-bin counts summed over ranks like the per-class ones.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -29,7 +37,7 @@ from ..model.batchnorm import broadcast_buffers
 from ..model.losses import log_prior, posthoc_adjust, target_mask
 from ..model.models import LongTailNet
 from ..model.two_stage import TAU_GRID, backbone_buffers, snapshot, tau_heads
-from .metrics import summarize
+from .metrics import ECE_BINS, expected_calibration_error, summarize
 from .tensorboard import write_metrics
 
 log = logging.getLogger("hpc_train.train")
@@ -40,19 +48,32 @@ Counts = tuple[list[int], list[int]]
 
 
 class Evaluator:
-    """Evaluates the trainer's model and keeps the run's best and last records."""
+    """Evaluates the trainer's model and keeps the run's last, best (held-out) and best-on-test records."""
 
     def __init__(self, model: LongTailNet, feed: Feed, *, num_classes: int, batch_size: int, distributed: bool,
                  autocast: Callable[[], contextlib.AbstractContextManager], train_counts: list[int],
-                 posthoc_tau: float | None, run_dir: Path, is_main: bool, tensorboard: bool = False) -> None:
+                 posthoc_tau: float | None, run_dir: Path, is_main: bool, tensorboard: bool = False,
+                 logit_scale: float = 1.0) -> None:
         self.model, self.feed, self.num_classes, self.batch_size = model, feed, num_classes, batch_size
         self.distributed, self.autocast, self.counts = distributed, autocast, train_counts
         self.posthoc_tau, self.run_dir, self.is_main = posthoc_tau, run_dir, is_main
         self.tensorboard = tensorboard
         """Records also go to TensorBoard event files (``train.tensorboard``)."""
+        self.logit_scale = logit_scale
+        """What the plain head's logits are multiplied by before the softmax of the calibration error (the
+        cosine classifier's logits lie in [-1, 1]; its loss scales them by ``ldam_scale``)."""
         self._log_prior = None if posthoc_tau is None else log_prior(train_counts, torch.float32, feed.device)
+        # MiSLAS's bin edges, np.linspace(0, 1, 16) (torch.linspace may round an edge differently)
+        self._ece_edges = torch.from_numpy(np.linspace(0.0, 1.0, ECE_BINS + 1)).to(feed.device)
         self.best: dict[str, Any] | None = None
+        """The evaluation with the best held-out balanced accuracy (None without a held-out split)."""
+        self.best_main: dict[str, Any] | None = None
+        """The same among stage 1's evaluations: the snapshot stage 2 and τ-normalisation start from."""
+        self.best_on_test: dict[str, Any] | None = None
+        """The evaluation with the best test top-1 (chosen on test: reported only under this name)."""
         self.last: dict[str, Any] | None = None
+        self.improved_main = False
+        """The last evaluation improved :attr:`best_main` (the trainer then writes the snapshot)."""
         self.images = 0
         """Images evaluated in this process, all ranks together (the end-of-run figure)."""
 
@@ -69,15 +90,19 @@ class Evaluator:
             yield from self.feed.eval_batches(split, self.batch_size)
 
     @torch.no_grad()
-    def evaluate(self, requests: dict[str, dict[str, Head]]) -> dict[str, dict[str, Counts]]:
+    def evaluate(self, requests: dict[str, dict[str, Head]],
+                 calibrate: str | None = None) -> dict[str, dict[str, Counts]]:
         """Per-class counts of every head of every split (``{split: {head: (correct, count)}}``), summed
-        over ranks; one host read for all of them."""
+        over ranks; one host read for all of them. ``calibrate``: a split whose ``plain`` head's calibration
+        error goes in as ``{"ece": value}`` of that split."""
         model = self.model
         if self.distributed:
             broadcast_buffers(model)  # every rank evaluates the model rank 0 saves
         was_training = model.training
         model.eval()
         tables = []
+        bins = torch.zeros(2, ECE_BINS, dtype=torch.int64, device=self.feed.device)  # [count, correct] per bin
+        confidence = torch.zeros(ECE_BINS, dtype=torch.float64, device=self.feed.device)
         for split, heads in requests.items():
             table = torch.zeros(len(heads), 2, self.num_classes, dtype=torch.int64, device=self.feed.device)
             for x, y in self._batches(split):
@@ -87,21 +112,36 @@ class Evaluator:
                 # weighted by the hits: a boolean selection would make the host wait at every batch.
                 per_target = target_mask(y, self.num_classes)
                 table[:, 1] += per_target.sum(0)
-                for i, head in enumerate(heads.values()):
-                    hits = head(features).argmax(dim=1) == y
+                for i, (name, head) in enumerate(heads.items()):
+                    logits = head(features)
+                    hits = logits.argmax(dim=1) == y
                     table[i, 0] += (per_target & hits[:, None]).sum(0)
+                    if split == calibrate and name == "plain":
+                        self._calibration(logits, hits, bins, confidence)
             tables.append(table)
             self.images += len(getattr(self.feed.data, split))  # all ranks' shards together
         everything = torch.cat(tables)
         if self.distributed:
             dist.all_reduce(everything, op=dist.ReduceOp.SUM)
+            if calibrate is not None:
+                dist.all_reduce(bins, op=dist.ReduceOp.SUM)
+                dist.all_reduce(confidence, op=dist.ReduceOp.SUM)
         model.train(was_training)
-        values = everything.cpu().tolist()  # the one host read of this evaluation
+        values = everything.cpu().tolist()  # the one host read of this evaluation (and the bins, below)
         out, row = {}, 0
         for split, heads in requests.items():
             out[split] = {name: (values[row + i][0], values[row + i][1]) for i, name in enumerate(heads)}
             row += len(heads)
+        if calibrate is not None:
+            count, correct = bins.cpu().tolist()
+            out[calibrate]["ece"] = expected_calibration_error(count, correct, confidence.cpu().tolist())
         return out
+
+    def _calibration(self, logits: Tensor, hits: Tensor, bins: Tensor, confidence: Tensor) -> None:
+        count, correct, summed = calibration_bins(logits, hits, self._ece_edges, self.logit_scale)
+        bins[0] += count
+        bins[1] += correct
+        confidence += summed
 
     def heads(self) -> dict[str, Head]:
         classifier = self.model.classifier
@@ -122,32 +162,54 @@ class Evaluator:
 
     def evaluate_and_record(self, *, epoch: int, total_epochs: int, global_step: int, phase: str,
                             has_val: bool) -> dict[str, Any]:
-        """Test metrics every evaluation; with a held-out split also its metrics, and the best epoch is
-        the one with the best held-out balanced accuracy (classifier-balancing selects on val and reports
-        test there; on a balanced held-out split balanced accuracy is its top-1). Without one, the best
-        test top-1, as LDAM-DRW reports."""
+        """Test metrics (with the calibration error) every evaluation; with a held-out split also its metrics,
+        and the best evaluation is the one with the best held-out balanced accuracy (classifier-balancing
+        selects on val and reports test there; on a long-tailed held-out split balanced accuracy estimates
+        the balanced test top-1 better). The best test top-1 is kept as ``best_on_test``."""
         heads = self.heads()
         requests = {"test": heads, **({"val": {"plain": heads["plain"]}} if has_val else {})}
-        results = self.evaluate(requests)
+        results = self.evaluate(requests, calibrate="test")
         record = self.record(summarize(*results["test"]["plain"], self.counts), epoch=epoch, global_step=global_step,
                              phase=phase)
+        record["ece"] = results["test"]["ece"]
         if "posthoc" in results["test"]:
             record["posthoc"] = {"tau": self.posthoc_tau, **summarize(*results["test"]["posthoc"], self.counts)}
         if has_val:
             held_out = summarize(*results["val"]["plain"], self.counts)
             record["val"] = {k: held_out[k] for k in ("top1", "balanced", "many", "medium", "few")}
-        score = (lambda r: r["val"]["balanced"]) if "val" in record else (lambda r: r["top1"])
-        if self.best is None or score(record) > score(self.best):
-            self.best = record
-        self.last = record
+        self._choose(record, phase)
         if self.is_main:
             write_metrics(self.run_dir, record, self.tensorboard)
-            best = self.best
-            log.info("epoch %d/%d %s: top-1 %.2f balanced %.2f many %s medium %s few %s (best: epoch %d, test top-1 "
-                     "%.2f, chosen on %s)", epoch, total_epochs, phase, 100 * record["top1"], 100 * record["balanced"],
-                     _fmt(record["many"]), _fmt(record["medium"]), _fmt(record["few"]), best["epoch"],
-                     100 * best["top1"], "val" if "val" in record else "test")
+            chosen = (f"best on held-out: epoch {self.best['epoch']}, test top-1 {100 * self.best['top1']:.2f}"
+                      if self.best is not None else
+                      f"best_on_test: epoch {self.best_on_test['epoch']}, top-1 {100 * self.best_on_test['top1']:.2f}")
+            log.info("epoch %d/%d %s: top-1 %.2f balanced %.2f many %s medium %s few %s ECE %s (%s)", epoch,
+                     total_epochs, phase, 100 * record["top1"], 100 * record["balanced"], _fmt(record["many"]),
+                     _fmt(record["medium"]), _fmt(record["few"]), _fmt(record["ece"]), chosen)
         return record
+
+    def _choose(self, record: dict[str, Any], phase: str) -> None:
+        """Last, best on the held-out split (and among stage 1's), best on test."""
+        self.last = record
+        if self.best_on_test is None or record["top1"] > self.best_on_test["top1"]:
+            self.best_on_test = record
+        self.improved_main = False
+        if "val" not in record:
+            return
+        score = record["val"]["balanced"]
+        if self.best is None or score > self.best["val"]["balanced"]:
+            self.best = record
+        if phase == "main" and (self.best_main is None or score > self.best_main["val"]["balanced"]):
+            self.best_main, self.improved_main = record, True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_main": self.best_main, "best_on_test": self.best_on_test, "last": self.last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("best", "best_main", "best_on_test", "last"):
+            setattr(self, key, state.get(key))
+        if self.best is not None and "val" not in self.best:  # a checkpoint from before best_on_test: chosen on test
+            self.best_on_test, self.best = self.best_on_test or self.best, None
 
     def tau_normalise(self, stage1: dict[str, Any] | None, *, epoch: int, global_step: int) -> dict[str, Any] | None:
         """τ-normalise the stage-1 classifier, evaluated with the stage-1 BatchNorm statistics
@@ -169,6 +231,18 @@ class Evaluator:
             log.info("tau-normalisation: tau=%.1f chosen on the held-out split (balanced %.2f); test top-1 %.2f",
                      best_tau, 100 * scores[best_tau], 100 * record["top1"])
         return record
+
+
+def calibration_bins(logits: Tensor, hits: Tensor, edges: Tensor,
+                     logit_scale: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+    """Per bin of the top softmax probability: images, correct predictions (``hits``) and summed probabilities.
+    Bin b holds probabilities in (edges[b], edges[b + 1]], as ``np.digitize(conf, np.linspace(0, 1, 16),
+    right=True)`` puts them in MiSLAS's ``calibration`` (a probability of 0 falls in none); comparisons, no
+    host read."""
+    top = torch.softmax(logits.float() * logit_scale, dim=1).amax(dim=1).double()
+    which = torch.bucketize(top, edges, right=False)  # 1 .. len(edges) - 1 for (0, 1]
+    in_bin = which[:, None] == torch.arange(1, len(edges), device=which.device)[None, :]
+    return in_bin.sum(0), (in_bin & hits[:, None]).sum(0), (in_bin.double() * top[:, None]).sum(0)
 
 
 def _fmt(value: float | None) -> str:

@@ -23,6 +23,8 @@ MANY_ABOVE = 100
 FEW_BELOW = 20
 """A class is few-shot when it has fewer than this many training images."""
 GROUPS = ("many", "medium", "few")
+ECE_BINS = 15
+"""Bins of the expected calibration error (MiSLAS reports it with 15)."""
 
 
 def shot_group(train_count: int) -> str:
@@ -55,6 +57,16 @@ def summarize(correct: Sequence[int], count: Sequence[int], train_counts: Sequen
     out["correct"] = correct_a.tolist()
     out["count"] = count_a.tolist()
     return out
+
+
+def expected_calibration_error(count: Sequence[int], correct: Sequence[int],
+                               confidence: Sequence[float]) -> float | None:
+    """Σ_b |correct_b - confidence_b| / N from per-bin image counts, correct predictions and summed top
+    probabilities: MiSLAS's Σ_b |acc_b - conf_b|·n_b / Σ_b n_b (``utils/metric.py``, ``calibration``)."""
+    total = sum(count)
+    if not total:
+        return None
+    return float(sum(abs(c - p) for c, p in zip(correct, confidence)) / total)
 
 
 def _pct(value: float | None) -> str:

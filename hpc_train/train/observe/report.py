@@ -183,25 +183,31 @@ def end_line(timing: dict[str, Any]) -> str:
 def _brief(r: dict[str, Any] | None) -> dict[str, Any] | None:
     if r is None:
         return None
-    keys = ("epoch", "phase", "tau", "top1", "balanced", "many", "medium", "few", "per_class", "val")
+    keys = ("epoch", "phase", "tau", "top1", "balanced", "many", "medium", "few", "ece", "per_class", "val")
     return {k: r[k] for k in keys if k in r}
 
 
 def finish(*, run_dir: Path, data_name: str, num_classes: int, total_epochs: int, global_step: int,
            world_size: int, counts: list[int], best: dict[str, Any] | None, last: dict[str, Any] | None,
-           tau_record: dict[str, Any] | None, timing: dict[str, Any], is_main: bool) -> dict[str, Any]:
+           tau_record: dict[str, Any] | None, timing: dict[str, Any], is_main: bool,
+           best_on_test: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run's summary; rank 0 also prints the table and the end line, and writes summary.json and
-    the per-class plot."""
+    the per-class plot. The last evaluation is the headline; ``best`` is chosen on the held-out split (None
+    without one); the best test top-1 appears only as ``best_on_test``."""
     summary = {
         "run_dir": str(run_dir), "dataset": data_name, "num_classes": num_classes, "epochs": total_epochs,
         "global_step": global_step, "world_size": world_size, "train_counts": counts,
-        "group_sizes": group_sizes(counts), "best": _brief(best), "last": _brief(last), "tau_norm": _brief(tau_record),
+        "group_sizes": group_sizes(counts), "last": _brief(last), "best": _brief(best),
+        "best_on_test": _brief(best_on_test), "tau_norm": _brief(tau_record),
         "posthoc": (last or {}).get("posthoc"), "table": None, "timing": timing, "end_line": end_line(timing),
     }
     if not is_main:
         return summary
-    chosen = " on val" if "val" in (best or {}) else ""
-    rows = {f"best{chosen} (ep {best['epoch']})": best, "last": last} if best else {}
+    rows = {f"last (ep {last['epoch']})": last} if last else {}
+    if best:
+        rows[f"best on val (ep {best['epoch']})"] = best
+    if best_on_test:
+        rows[f"best_on_test (ep {best_on_test['epoch']})"] = best_on_test
     if summary["posthoc"]:
         rows[f"post-hoc tau={summary['posthoc']['tau']:g}"] = summary["posthoc"]
     if tau_record:

@@ -87,6 +87,27 @@ def why_unreadable(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
+BEST_HELD_OUT = "best-heldout.pt"
+"""The model of stage 1's best evaluation on the held-out split (written whenever it improves, whatever the
+checkpoint cadence): stage 2 and τ-normalisation start from it. Not a checkpoint: never resumed from, never
+pruned."""
+
+
+def best_held_out_path(run_dir: Path) -> Path:
+    return checkpoint_dir(run_dir) / BEST_HELD_OUT
+
+
+def load_best_held_out(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
+    """``{"format", "record", "model"}`` of the best held-out evaluation so far, or None when none was written."""
+    path = best_held_out_path(run_dir)
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location=map_location, weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or "model" not in state:
+        raise ValueError(f"{path} is not an hpc-train snapshot")
+    return state
+
+
 def load_latest(run_dir: Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], Path] | None:
     """The newest checkpoint that loads; older ones are tried (with a warning) when it does not. None when the
     run has no checkpoint; :class:`UnreadableCheckpoints` when it has some and none loads."""

@@ -103,12 +103,24 @@ class Checkpointer:
             self.wait()
         return path
 
-    def _write(self, host: dict[str, Any], event: torch.cuda.Event | None, path: Path) -> None:
+    def save_snapshot(self, state: dict[str, Any], path: Path) -> None:
+        """Write ``state`` (rank 0) to ``path`` in the background, captured and written like a checkpoint (the
+        best held-out model: :data:`~.checkpoint.BEST_HELD_OUT`)."""
+        started = time.monotonic()
+        if self.writer:
+            host, event = self.capture(state)
+            self._thread = threading.Thread(target=self._write, args=(host, event, path, False), daemon=True,
+                                            name="hpc-train-snapshot")
+            self._thread.start()
+        self.stall_s.append(time.monotonic() - started)
+
+    def _write(self, host: dict[str, Any], event: torch.cuda.Event | None, path: Path, prune: bool = True) -> None:
         try:
             if event is not None:
                 event.synchronize()
             ckpt.save_atomic(host, path)
-            ckpt.prune(self.run_dir, self.keep)
+            if prune:
+                ckpt.prune(self.run_dir, self.keep)
         except BaseException as exc:  # noqa: BLE001 - re-raised by wait() on the training thread
             self._error = exc
 

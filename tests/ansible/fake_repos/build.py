@@ -6,7 +6,9 @@ on NVIDIA's EL packaging) and a few marker files. Where behaviour matters the st
     ignored; %preun: dkms remove) and a prebuilt stand-in nvidia.ko (kmod_elf.py) that the dkms stand-in
     (stand_ins/dkms) "builds" only for a kernel whose kernel-devel is installed;
   * "bash" is a static busybox, so rpm can run those scriptlets inside the root;
-  * kernel-core owns /lib/modules/<kernel>, as on EL.
+  * kernel-core owns /lib/modules/<kernel>, as on EL, and its %posttrans makes the kernel GRUB's default through the
+    grubby stand-in (stand_ins/grubby), as kernel-install does on EL;
+  * nvidia-persistenced's unit has no [Install] section, as NVIDIA packages it.
 The cuda repository carries modulemd v2 metadata for streams <branch>-open and <branch>-dkms, one module version per
 driver release, so dnf's modular filtering and `dnf module switch-to` work as on a real EL9 host.
 
@@ -37,6 +39,8 @@ DRIVER_EPOCH = 3
 DKMS_VERSION = "3.1.8"
 CUDA_VERSION = "12.8"
 NCCL_VERSION, NCCL_RELEASE = "2.26.5", "1+cuda12.8"
+NEWER_NCCL = ("2.27.3", "1+cuda12.9")  # on the mirror too: built for a newer CUDA than the stack's
+DCGM_VERSION = "3.3.9"
 CONTAINER_TOOLKIT_VERSIONS = ["1.17.7", "1.17.8"]  # not part of the driver: its security fixes must not be locked out
 PYTHON_PACKAGE = "python3.11"
 # Scriptlets run under this shell inside the root; the applets the dkms stand-in and the scriptlets use.
@@ -56,6 +60,7 @@ class SubPackage:
     dirs: list[str] = field(default_factory=list)  # directories the package owns
     post: str = ""  # %post scriptlet (/bin/sh)
     preun: str = ""  # %preun scriptlet (/bin/sh)
+    posttrans: str = ""  # %posttrans scriptlet (/bin/sh): after the whole transaction
 
 
 @dataclass
@@ -90,7 +95,7 @@ def spec_text(spec: Spec, staging: Path) -> str:
     for package in spec.packages:
         lines += [f"%package -n {package.name}", "Summary: hpc-train test stand-in", "AutoReqProv: no"]
         lines += [f"Requires: {r}" for r in package.requires]
-        if package.post or package.preun:
+        if package.post or package.preun or package.posttrans:
             lines += ["Requires(post): /bin/sh", "Requires(preun): /bin/sh"]
         lines += [f"Provides: {p}" for p in package.provides]
         lines += [f"Conflicts: {c}" for c in package.conflicts]
@@ -99,6 +104,8 @@ def spec_text(spec: Spec, staging: Path) -> str:
             lines += [f"%post -n {package.name}", package.post.rstrip()]
         if package.preun:
             lines += [f"%preun -n {package.name}", package.preun.rstrip()]
+        if package.posttrans:
+            lines += [f"%posttrans -n {package.name}", package.posttrans.rstrip()]
         files.append(f"%files -n {package.name}")
         for directory in package.dirs:
             install.append(f"mkdir -p %{{buildroot}}{directory}")
@@ -157,12 +164,22 @@ def kmod_package(name: str, dkms_module: str, other: str, version: str, flavor: 
 
 def driver_spec(version: str) -> Spec:
     evr = f"{DRIVER_EPOCH}:{version}-1.el9"
-    unit = textwrap.dedent("""\
+    # As NVIDIA's CUDA repository packages it: no [Install] section, so `systemctl enable` does nothing with it.
+    persistenced_unit = textwrap.dedent("""\
         [Unit]
         Description=NVIDIA Persistence Daemon (test stand-in)
+        Wants=syslog.target
         [Service]
         Type=forking
         ExecStart=/usr/bin/nvidia-persistenced --verbose
+        ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+        """)
+    unit = textwrap.dedent("""\
+        [Unit]
+        Description=NVIDIA Fabric Manager (test stand-in)
+        [Service]
+        Type=forking
+        ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg
         [Install]
         WantedBy=multi-user.target
         """)
@@ -174,7 +191,7 @@ def driver_spec(version: str) -> Spec:
         SubPackage("nvidia-kmod-common", requires=[f"nvidia-kmod = {evr}"],
                    files={"/usr/lib/modprobe.d/nvidia.conf": "# stand-in\n"}),
         SubPackage("nvidia-persistenced", requires=[f"nvidia-kmod-common = {evr}"],
-                   files={"/usr/lib/systemd/system/nvidia-persistenced.service": unit}),
+                   files={"/usr/lib/systemd/system/nvidia-persistenced.service": persistenced_unit}),
         kmod_package("kmod-nvidia-open-dkms", "nvidia-open", "kmod-nvidia-latest-dkms", version, "open", evr),
         kmod_package("kmod-nvidia-latest-dkms", "nvidia", "kmod-nvidia-open-dkms", version, "proprietary", evr),
         SubPackage("nvidia-fabric-manager", files={"/usr/lib/systemd/system/nvidia-fabricmanager.service": unit}),
@@ -217,8 +234,14 @@ def nevra(rpm: Path) -> str:
 def kernel_spec(kernel: str) -> Spec:
     version, release = kernel.split("-", 1)
     modules = f"/lib/modules/{kernel}.x86_64"
+    # EL's kernel-core %posttrans (kernel-install) puts vmlinuz in /boot and, with UPDATEDEFAULT=yes in
+    # /etc/sysconfig/kernel (EL's default), makes the new kernel GRUB's default: the node boots it next time.
+    posttrans = textwrap.dedent(f"""\
+        mkdir -p /boot && cp {modules}/vmlinuz /boot/vmlinuz-{kernel}.x86_64
+        [ -x /usr/sbin/grubby ] && /usr/sbin/grubby --set-default /boot/vmlinuz-{kernel}.x86_64 || :
+        """)
     return Spec("fake-kernel", version, release, None, "x86_64", [
-        SubPackage("kernel-core", dirs=[modules], files={f"{modules}/vmlinuz": "stand-in\n"}),
+        SubPackage("kernel-core", dirs=[modules], files={f"{modules}/vmlinuz": "stand-in\n"}, posttrans=posttrans),
         SubPackage("kernel-devel", files={f"/usr/src/kernels/{kernel}.x86_64/Makefile": "# stand-in\n"}),
         SubPackage("kernel-headers", files={f"/usr/include/linux/hpc-train-stand-in-{release}.h": "/* stand-in */\n"}),
     ])
@@ -246,6 +269,8 @@ def main(out_dir: Path) -> dict:
             shell_spec(),
             kernel_spec(KERNEL),
             kernel_spec(NEWER_KERNEL),
+            Spec("fake-grubby", "8.40", "64.el9", None, "x86_64",
+                 [SubPackage("grubby", files={"/usr/sbin/grubby": (HERE / "stand_ins" / "grubby").read_text()})]),
             Spec("fake-dnf-plugins", "4.3.0", "13.el9", None, "noarch", [
                 SubPackage("python3-dnf-plugin-versionlock",
                            files={"/etc/dnf/plugins/versionlock.conf": "[main]\nenabled = 1\nlocklist = /etc/dnf/plugins/versionlock.list\n",
@@ -264,10 +289,26 @@ def main(out_dir: Path) -> dict:
                 SubPackage(f"cuda-toolkit-{CUDA_VERSION.replace('.', '-')}",
                            files={f"/usr/local/cuda-{CUDA_VERSION}/bin/nvcc": "#!/bin/sh\necho 'nvcc stand-in'\n"}),
             ]),
-            Spec("fake-nccl", NCCL_VERSION, NCCL_RELEASE, None, "x86_64", [
-                SubPackage("libnccl", files={f"/usr/lib64/libnccl.so.{NCCL_VERSION}": "stand-in\n"}),
-                SubPackage("libnccl-devel", requires=[f"libnccl = {NCCL_VERSION}-{NCCL_RELEASE}"],
+        ] + [
+            # The pinned NCCL, and a newer build for a newer CUDA that a plain `dnf update` would bring.
+            Spec("fake-nccl", version, release, None, "x86_64", [
+                SubPackage("libnccl", files={f"/usr/lib64/libnccl.so.{version}": "stand-in\n"}),
+                SubPackage("libnccl-devel", requires=[f"libnccl = {version}-{release}"],
                            files={"/usr/include/nccl.h": "/* stand-in */\n"}),
+            ])
+            for version, release in ((NCCL_VERSION, NCCL_RELEASE), NEWER_NCCL)
+        ] + [
+            Spec("fake-dcgm", DCGM_VERSION, "1", 1, "x86_64", [
+                SubPackage("datacenter-gpu-manager", files={
+                    "/usr/bin/dcgmi": "#!/bin/sh\necho 'dcgmi stand-in'\n",
+                    "/usr/lib/systemd/system/nvidia-dcgm.service": textwrap.dedent("""\
+                        [Unit]
+                        Description=NVIDIA DCGM service (test stand-in)
+                        [Service]
+                        ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
+                        [Install]
+                        WantedBy=multi-user.target
+                        """)}),
             ]),
         ] + [
             Spec("fake-nvidia-container-toolkit", version, "1", None, "x86_64", [
@@ -300,9 +341,10 @@ def main(out_dir: Path) -> dict:
 
 
 def base_os_rpms(repos: Path, kernel: str = KERNEL) -> list[Path]:
-    """The rpms a test root gets as its "base OS" before the roles run: the shell and the kernel it runs."""
+    """The rpms a test root gets as its "base OS" before the roles run: the shell, grubby and the kernel it runs (its
+    %posttrans makes it GRUB's default)."""
     baseos = repos / "baseos"
-    return sorted(baseos.glob("bash-*.rpm")) + sorted(baseos.glob(f"kernel-core-{kernel}.*.rpm"))
+    return sorted(baseos.glob("bash-*.rpm")) + sorted(baseos.glob("grubby-*.rpm")) + sorted(baseos.glob(f"kernel-core-{kernel}.*.rpm"))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
-"""Stand-ins for Slurm's scontrol and squeue, and for systemctl as far as the Slurm daemons go (the ladder's live,
-slurm and check rungs; a real slurmctld/slurmd and systemd cannot run here).
+"""Stand-ins for Slurm's scontrol and squeue, and for systemctl as far as the roles' units go (the ladder's live and
+check rungs; the Slurm side of the roles is tested against the real Slurm, rungs_slurm.py). systemctl knows the
+units of the node's root: `enable` links only what a unit's [Install] section wants (as systemd does), `start`
+and `show`/`is-active` keep a unit's state ("units"); it cannot show systemd itself (ordering, failures at start).
 
 The state lives in the JSON file named by $HPC_TRAIN_FAKE_SLURM:
   node              one node: name, state, reason
   jobs, polls_until_done   its running job ids, and after how many squeue polls they end (null: never)
   config            Slurm's running configuration (scontrol show config), over DEFAULT_CONFIG
-  slurm_conf        optional path of the controller's slurm.conf: `systemctl restart slurmctld` loads its keys into
-                    config, as a restarted slurmctld would
-  machine           optional {root, kernel, loaded_version_file}: `scontrol reboot` "boots" the node: the driver loaded
-                    is the nvidia.ko built for that kernel in that root (or none), and the node comes back DOWN
+  machine           optional {root, kernel, loaded_version_file, boot_id_file, module_loads}: `scontrol reboot` "boots"
+                    the node into GRUB's default kernel (the root's grubby stand-in, else "kernel"): the driver loaded
+                    is the nvidia.ko built for it in that root (none when there is none or module_loads is false), a
+                    new boot id, and the node comes back DOWN (nextstate=DOWN) or in service (nextstate=RESUME)
+  units             {unit: active | inactive | failed}: the node's systemd units (systemctl)
 Every call is appended to "calls" with its time, so a test can check what was asked, and in which order relative to
 other changes. Only the invocations the roles make are understood; anything else exits 2.
 """
@@ -21,6 +24,7 @@ import os
 import re
 import sys
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fake_repos"))
@@ -31,8 +35,6 @@ DEFAULT_CONFIG = {
     "PropagateResourceLimitsExcept": "(null)", "RebootProgram": "/usr/sbin/reboot", "SlurmctldParameters": "(null)",
     "SLURM_CONF": "/etc/slurm/slurm.conf", "SLURM_VERSION": "23.11.10",
 }
-# slurm.conf keys the stand-in slurmctld takes from the file (case-insensitive, as in Slurm).
-LOADED_KEYS = ["GresTypes", "PropagateResourceLimits", "PropagateResourceLimitsExcept", "RebootProgram", "SlurmctldParameters"]
 
 
 def show_config(state: dict) -> str:
@@ -42,31 +44,24 @@ def show_config(state: dict) -> str:
     return "\n".join(lines)
 
 
-def restart_slurmctld(state: dict) -> None:
-    """Load the controller's slurm.conf as slurmctld does on a restart (Except set -> PropagateResourceLimits unset)."""
-    if not state.get("slurm_conf"):
-        return
-    found = {}
-    for line in Path(state["slurm_conf"]).read_text().splitlines():
-        match = re.match(r"\s*(\w+)\s*=\s*(\S+)", line)
-        if match:
-            key = next((k for k in LOADED_KEYS if k.lower() == match.group(1).lower()), None)
-            if key:
-                found[key] = match.group(2)
-    config = state.setdefault("config", {})
-    for key in ("GresTypes", "RebootProgram", "SlurmctldParameters"):
-        config[key] = found.get(key, "(null)")
-    if "PropagateResourceLimitsExcept" in found:
-        config["PropagateResourceLimits"], config["PropagateResourceLimitsExcept"] = "(null)", found["PropagateResourceLimitsExcept"]
-    else:
-        config["PropagateResourceLimits"], config["PropagateResourceLimitsExcept"] = found.get("PropagateResourceLimits", "ALL"), "(null)"
+def boot_kernel(machine: dict) -> str:
+    """GRUB's default kernel in the root (the grubby stand-in's /boot/grub2/grubenv), else the configured one."""
+    grubenv = Path(machine["root"]) / "boot" / "grub2" / "grubenv"
+    found = re.search(r"^saved_entry=(\S+)$", grubenv.read_text(), re.M) if grubenv.exists() else None
+    return found.group(1) if found else machine["kernel"]
 
 
-def reboot(state: dict, reason: str) -> None:
-    """The node boots: its kernel loads the nvidia.ko built for it (if any); nextstate=DOWN keeps it out of service."""
+def reboot(state: dict, reason: str, next_state: str) -> None:
+    """The node boots GRUB's default kernel, which loads the nvidia.ko built for it (if any, and if it loads)."""
     machine = state["machine"]
+    machine["kernel"] = boot_kernel(machine)
+    running = Path(machine["root"]) / "etc" / "hpc-train-stand-in" / "running-kernel"
+    running.parent.mkdir(parents=True, exist_ok=True)
+    running.write_text(machine["kernel"] + "\n")
+    if machine.get("boot_id_file"):
+        Path(machine["boot_id_file"]).write_text(f"{uuid.uuid4()}\n")
     modules = Path(machine["root"]) / "lib" / "modules" / machine["kernel"]
-    built = sorted(modules.rglob("nvidia.ko*")) if modules.exists() else []
+    built = sorted(modules.rglob("nvidia.ko*")) if modules.exists() and machine.get("module_loads", True) else []
     loaded = Path(machine["loaded_version_file"])
     if built:
         info = kmod_elf.read_modinfo(built[0])
@@ -75,7 +70,52 @@ def reboot(state: dict, reason: str) -> None:
                           "GCC version:  gcc version 11.5.0 20240719 (Red Hat 11.5.0-2) (GCC)\n")
     else:
         loaded.unlink(missing_ok=True)
-    state["node"]["state"], state["node"]["reason"] = "DOWN", f"{reason} : reboot complete"
+    if next_state == "RESUME":
+        state["node"]["state"], state["node"]["reason"] = "IDLE", ""
+    else:
+        state["node"]["state"], state["node"]["reason"] = "DOWN", f"{reason} : reboot complete"
+
+
+def systemctl(state: dict, args: list[str]) -> int:
+    """The node's systemd, as far as the roles ask: show, is-active, is-enabled, start, enable, daemon-reload."""
+    args = [arg for arg in args if arg != "-l"]  # is-enabled -l: the full unit names
+    if args == ["daemon-reload"]:
+        return 0
+    if len(args) != 2:
+        return 2
+    verb, unit = args[0], args[1] if args[1].endswith(".service") else args[1] + ".service"
+    root = Path(state.get("machine", {}).get("root", "/nonexistent"))
+    unit_file = next((p for p in (root / "etc/systemd/system" / unit, root / "usr/lib/systemd/system" / unit) if p.exists()), None)
+    units = state.setdefault("units", {})
+    active = units.get(unit, "inactive")
+    if verb == "is-active":
+        print(active)
+        return 0 if active == "active" else 3
+    if verb == "show":
+        wanted = root / "etc/systemd/system/multi-user.target.wants" / unit
+        print(f"Id={unit}\nLoadState={'loaded' if unit_file else 'not-found'}\nActiveState={active}\n"
+              f"SubState={'running' if active == 'active' else 'dead'}\nUnitFileState={'enabled' if wanted.is_symlink() else 'disabled'}")
+        return 0
+    if verb == "is-enabled" and unit_file:
+        # systemd's answers: a unit without [Install] is "static" (exit 0), though nothing will start it.
+        wanted = root / "etc/systemd/system/multi-user.target.wants" / unit
+        answer = "enabled" if wanted.is_symlink() else ("disabled" if "[Install]" in unit_file.read_text() else "static")
+        print(answer)
+        return 1 if answer == "disabled" else 0
+    if verb == "start" and unit_file:
+        units[unit] = "active"
+        return 0
+    if verb == "enable" and unit_file:
+        target = re.search(r"(?ms)^\[Install\].*?^WantedBy=(\S+)", unit_file.read_text())
+        if target is None:  # systemd: "The unit files have no installation config", nothing enabled
+            print(f"The unit files have no installation config (WantedBy=, RequiredBy=, ...); {unit} is not enabled.", file=sys.stderr)
+            return 0
+        link = root / "etc/systemd/system" / (target.group(1) + ".wants") / unit
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(f"/usr/lib/systemd/system/{unit}")
+        return 0
+    return 1 if unit_file is None else 2
 
 
 def main(program: str, args: list[str]) -> int:
@@ -111,12 +151,12 @@ def handle(path: Path, program: str, args: list[str]) -> int:
             node["state"], node["reason"] = ("MIXED" if state["jobs"] else "IDLE"), ""
         else:
             code = 2
-    elif program == "scontrol" and args[:3] == ["reboot", "ASAP", "nextstate=DOWN"] and len(args) == 5:
+    elif program == "scontrol" and args[:2] == ["reboot", "ASAP"] and args[2] in ("nextstate=DOWN", "nextstate=RESUME") and len(args) == 5:
         reason = args[3].removeprefix("reason=")
         if args[4] != node["name"] or not args[3].startswith("reason="):
             code = 1
         else:
-            reboot(state, reason)
+            reboot(state, reason, args[2].removeprefix("nextstate="))
     elif program == "squeue" and "--noheader" in args and "--format=%i" in args:
         if state["polls_until_done"] is not None:
             state["polls_until_done"] -= 1
@@ -124,11 +164,8 @@ def handle(path: Path, program: str, args: list[str]) -> int:
                 state["jobs"] = []
                 node["state"] = node["state"].replace("MIXED", "IDLE")
         print("\n".join(state["jobs"]))
-    elif program == "systemctl" and args[:1] in (["restart"], ["try-restart"]) and len(args) == 2:
-        if args[1] == "slurmctld.service":
-            restart_slurmctld(state)
-    elif program == "systemctl" and args == ["daemon-reload"]:
-        pass
+    elif program == "systemctl":
+        code = systemctl(state, args)
     else:
         print(f"fake {program}: unexpected arguments {args}", file=sys.stderr)
         code = 2

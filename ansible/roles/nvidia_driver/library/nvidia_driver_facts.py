@@ -1,0 +1,161 @@
+#!/usr/bin/python
+"""The NVIDIA driver of one node, as data: what the running kernel has loaded, what rpm has installed (and which
+nvidia-driver module stream is enabled), and which nvidia.ko modules are built for a given kernel.
+
+Read-only, so it runs in check mode too. "No driver" (nothing loaded, nothing installed, no module) is an answer,
+not a failure: empty strings and empty lists. The kernel defaults to the running one; pass the kernel a node will
+boot to ask whether the driver is built for it before rebooting into it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: nvidia_driver_facts
+short_description: The NVIDIA driver loaded, installed and built for a kernel (read-only)
+description:
+  - Reads the loaded driver (/proc/driver/nvidia/version names version and flavour), the installed driver packages
+    (rpm) and enabled nvidia-driver module stream, and the nvidia.ko modules built for O(kernel) (modinfo).
+  - A node without any driver gets empty values, never a failure.
+options:
+  kernel:
+    description: Kernel (uname -r form) whose built modules are read; default the running kernel.
+    type: str
+  root:
+    description: Root of the system (an image directory in image builds).
+    type: path
+    default: /
+  loaded_version_file:
+    description: File in /proc/driver/nvidia/version's format naming the loaded driver.
+    type: path
+    default: /proc/driver/nvidia/version
+  kmod_packages:
+    description: Kernel module package of each flavour (keys open and proprietary).
+    type: dict
+  package_patterns:
+    description: rpm name patterns of the driver's packages.
+    type: list
+    elements: str
+    default: ["nvidia-*", "kmod-nvidia*", "libnvidia-*"]
+"""
+
+RETURN = r"""
+kernel: {description: The kernel the modules were looked for., type: str, returned: always}
+loaded: {description: "Loaded driver: version and flavour (open or proprietary); empty when none.", type: dict, returned: always}
+installed: {description: "Installed kernel module package: version, flavour, and whether nvidia-fabric-manager is installed.", type: dict, returned: always}
+driver_version: {description: "Version of the driver's userspace package (nvidia-driver-cuda; EL7 nvidia-driver-branch-N-cuda or nvidia-driver).", type: str, returned: always}
+stream: {description: The enabled nvidia-driver module stream, or empty., type: str, returned: always}
+packages: {description: "Installed packages matching package_patterns: name -> version.", type: dict, returned: always}
+modules: {description: "nvidia.ko modules built for the kernel: path, version, flavour.", type: list, returned: always}
+module_built: {description: Whether a module of the installed version and flavour is built for the kernel., type: bool, returned: always}
+"""
+
+KMOD_PACKAGES = {"open": "kmod-nvidia-open-dkms", "proprietary": "kmod-nvidia-latest-dkms"}
+MODULE_FILES = ("nvidia.ko", "nvidia.ko.xz", "nvidia.ko.zst", "nvidia.ko.gz")
+# MODULE_LICENSE of the two flavours.
+LICENSE_FLAVOR = {"Dual MIT/GPL": "open", "NVIDIA": "proprietary"}
+# "NVIDIA UNIX Open Kernel Module for x86_64  570.172.08  Release Build ..." (open) or
+# "NVIDIA UNIX x86_64 Kernel Module  570.172.08  ..." (proprietary).
+LOADED_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+([0-9]+\.[0-9.]+)")
+
+
+def parse_loaded(text: str) -> dict:
+    """The loaded driver from /proc/driver/nvidia/version's text ('' when no driver is loaded). The flavour is only
+    in this file: /sys/module/nvidia/version has the version alone, so a flavour switch would look loaded."""
+    match = LOADED_VERSION.search(text)
+    return {"version": match.group(1) if match else "",
+            "flavor": "" if not text else ("open" if "Open Kernel Module" in text else "proprietary")}
+
+
+def parse_stream(text: str) -> str:
+    """The enabled stream from /etc/dnf/modules.d/nvidia-driver.module ('' when the module is not enabled)."""
+    match = re.search(r"^stream=(\S+)", text, re.M)
+    return match.group(1) if match and "state=enabled" in text else ""
+
+
+def parse_modinfo(text: str) -> dict:
+    """version and flavour of one module from `modinfo <file>` (its license tells the flavour)."""
+    fields = dict(re.findall(r"(?m)^(version|license):\s+(.*?)\s*$", text))
+    licence = fields.get("license", "")
+    return {"version": fields.get("version", ""), "flavor": LICENSE_FLAVOR.get(licence, licence)}
+
+
+def installed_driver(packages: dict, kmod_packages: dict) -> dict:
+    """The installed kernel module package's version and flavour (open first, as NVIDIA names it), and fabric manager."""
+    flavor = next((f for f in ("open", "proprietary") if kmod_packages[f] in packages), "")
+    return {"version": packages[kmod_packages[flavor]] if flavor else "", "flavor": flavor,
+            "fabricmanager": "nvidia-fabric-manager" in packages}
+
+
+def driver_version(packages: dict) -> str:
+    """The driver's userspace version: nvidia-driver-cuda (EL8/9), else EL7's per-branch meta package, else nvidia-driver."""
+    meta = sorted(name for name in packages if re.fullmatch(r"nvidia-driver-branch-[0-9]+-cuda", name))
+    for name in ["nvidia-driver-cuda", *meta, "nvidia-driver"]:
+        if name in packages:
+            return packages[name]
+    return ""
+
+
+def read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:  # not there: no driver loaded, no module stream enabled
+        return ""
+
+
+def read_packages(module: AnsibleModule, root: str, patterns: list) -> dict:
+    argv = [module.get_bin_path("rpm", required=True), "--root", root, "-qa", "--queryformat", "%{NAME} %{VERSION}\\n", *patterns]
+    rc, out, err = module.run_command(argv)
+    if rc != 0:
+        module.fail_json(msg=f"nvidia_driver_facts: rpm could not list the installed packages under {root}: {err.strip()}")
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def built_modules(module: AnsibleModule, root: str, kernel: str) -> list:
+    """Every nvidia.ko under <root>/lib/modules/<kernel> (extra/, updates/, DKMS's own dirs) that modinfo can read."""
+    found = []
+    for directory, _, files in os.walk(os.path.join(root, "lib/modules", kernel)):
+        found += [os.path.join(directory, name) for name in files if name in MODULE_FILES]
+    modules = []
+    for path in sorted(found):
+        rc, out, _ = module.run_command([module.get_bin_path("modinfo", required=True), path])
+        info = parse_modinfo(out) if rc == 0 else {"version": ""}
+        if info["version"]:
+            modules.append({"path": path, **info})
+    return modules
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "kernel": {"type": "str"},
+            "root": {"type": "path", "default": "/"},
+            "loaded_version_file": {"type": "path", "default": "/proc/driver/nvidia/version"},
+            "kmod_packages": {"type": "dict"},
+            "package_patterns": {"type": "list", "elements": "str", "default": ["nvidia-*", "kmod-nvidia*", "libnvidia-*"]},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    kernel = params["kernel"] or os.uname().release
+    kmod_packages = params["kmod_packages"] or KMOD_PACKAGES
+    packages = read_packages(module, params["root"], params["package_patterns"])
+    installed = installed_driver(packages, kmod_packages)
+    modules = built_modules(module, params["root"], kernel)
+    module.exit_json(
+        changed=False, kernel=kernel, loaded=parse_loaded(read_text(params["loaded_version_file"])), installed=installed,
+        driver_version=driver_version(packages), packages=packages,
+        stream=parse_stream(read_text(os.path.join(params["root"], "etc/dnf/modules.d/nvidia-driver.module"))),
+        modules=modules,
+        # modules without a version were left out, so "no driver installed" is never "built"
+        module_built=any((m["version"], m["flavor"]) == (installed["version"], installed["flavor"]) for m in modules),
+    )
+
+
+if __name__ == "__main__":
+    main()

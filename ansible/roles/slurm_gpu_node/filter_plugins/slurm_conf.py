@@ -1,0 +1,83 @@
+"""Filters that read slurm.conf the way Slurm does, so the tasks ask questions instead of writing regexes:
+
+  text | slurm_conf_values          {key (lower case): value} of the single-valued keys, the last one winning
+  text | slurm_conf_includes        the files named by Include lines, in order
+  values | slurm_memlock_propagated  whether jobs inherit the submitting shell's MEMLOCK limit
+  values | slurm_gres_types          the GresTypes list
+  text | slurm_conf_problems(...)    what in the configuration a host reads keeps GPU jobs from working there
+
+Slurm's keys are case-insensitive; `#` starts a comment. Lines that define several things at once (NodeName=...,
+PartitionName=..., NodeSet=..., DownNodes=..., FrontendName=...) are not single-valued keys and are left out.
+"""
+
+from __future__ import annotations
+
+import re
+
+RECORD_KEYS = {"nodename", "partitionname", "nodeset", "downnodes", "frontendname", "switchname"}
+
+
+def slurm_conf_values(text: str) -> dict:
+    values = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        match = re.match(r"([A-Za-z_]+)\s*=\s*(.*)$", line)
+        if match and match.group(1).lower() not in RECORD_KEYS:
+            values[match.group(1).lower()] = match.group(2).strip()
+    return values
+
+
+def slurm_conf_includes(text: str) -> list:
+    return [m.group(1) for m in re.finditer(r"(?im)^\s*include\s+(\S+)\s*(?:#.*)?$", text)]
+
+
+def _names(value: str) -> set:
+    return {name.strip().upper() for name in value.split(",") if name.strip()}
+
+
+def slurm_memlock_propagated(values: dict) -> bool:
+    """PropagateResourceLimitsExcept wins when set (MEMLOCK or ALL in it keeps MEMLOCK home); otherwise
+    PropagateResourceLimits (default ALL) propagates MEMLOCK when it names ALL or MEMLOCK (NONE: nothing)."""
+    if values.get("propagateresourcelimitsexcept"):
+        return not _names(values["propagateresourcelimitsexcept"]) & {"MEMLOCK", "ALL"}
+    return bool(_names(values.get("propagateresourcelimits") or "ALL") & {"ALL", "MEMLOCK"})
+
+
+def slurm_gres_types(values: dict) -> list:
+    return [name.strip() for name in values.get("grestypes", "").split(",") if name.strip()]
+
+
+def slurm_conf_problems(text: str, nodes_text: str, gres_text: str, nodes_file: str, node_name: str = "",
+                        configless: bool = False) -> list:
+    """The problems of the slurm.conf `text` that a host reads, with the NodeName file `nodes_file` (its text
+    `nodes_text`, '' when missing) and gres.conf (`gres_text`); `node_name` is set on GPU nodes (their own lines must
+    be there: configless gres.conf lines are NodeName-qualified)."""
+    values = slurm_conf_values(text)
+    problems = []
+    if "gpu" not in slurm_gres_types(values):
+        problems.append(f'GresTypes is "{values.get("grestypes", "")}", without gpu: slurmd registers no GPU and jobs '
+                        "cannot ask for one")
+    if slurm_memlock_propagated(values):
+        problems.append("it propagates the submitting shell's MEMLOCK limit (PropagateResourceLimits="
+                        f"{values.get('propagateresourcelimits', 'ALL')}, PropagateResourceLimitsExcept="
+                        f"{values.get('propagateresourcelimitsexcept', '(unset)')}), so jobs submitted here run with the login "
+                        "shell's locked-memory limit and NCCL over InfiniBand fails to register memory: set "
+                        "PropagateResourceLimitsExcept=MEMLOCK")
+    included = [path.rsplit("/", 1)[-1] for path in slurm_conf_includes(text)]
+    if nodes_file not in included or not nodes_text:
+        problems.append(f"it does not include {nodes_file} (the GPU nodes' NodeName lines)")
+    if node_name:
+        name = re.escape(node_name)
+        if nodes_text and not re.search(rf"(?m)^\s*NodeName={name}\s", nodes_text):
+            problems.append(f"the NodeName lines do not name {node_name}")
+        gres_lines = rf"(?m)^\s*NodeName={name}\s" if configless else r"(?m)^\s*(Name=|AutoDetect=)"
+        if not re.search(gres_lines, gres_text):
+            problems.append(f"its gres.conf has no GPU lines for {node_name}")
+    return problems
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {"slurm_conf_values": slurm_conf_values, "slurm_conf_includes": slurm_conf_includes,
+                "slurm_memlock_propagated": slurm_memlock_propagated, "slurm_gres_types": slurm_gres_types,
+                "slurm_conf_problems": slurm_conf_problems}

@@ -1,0 +1,175 @@
+"""The ladder's real Slurm 22.05 (cluster.sh sets up munged, the bridge and one namespace "holder" per host): the
+hosts' roots, their site slurm.conf before the roles run, starting the real daemons, and asking them.
+
+Every host is this machine seen through its own namespaces (network, hostname, mounts): /etc/slurm and /run are its
+root's, a GPU node has a private /dev with 4 fake GPUs. Ansible reaches a host through bin/python-<host> (an
+interpreter that enters the host), so every command the roles run there — scontrol, sbatch, systemctl — runs as on
+that host. What is real: slurmctld, slurmd, sbatch, scontrol, munge. What is not: the GPUs (char devices only, no
+NVML), systemd (bin/systemctl), the hosts' other software; jobs run as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CLUSTER_SH = HERE / "cluster.sh"
+NET = "10.79.0"
+CONTROLLER_IP = f"{NET}.1"
+CTLD_PORT, SLURMD_PORT = 6917, 6918  # not the Python suites' 6817/6818
+CLUSTER_NAME = "hpctrain-ansible"
+GPUS_PER_NODE = 4
+
+
+class RealSlurm:
+    """One shape of the cluster: {host: kind} with kind controller, node or login."""
+
+    def __init__(self, base: Path, python: Path, hosts: dict[str, str]) -> None:
+        self.base, self.python, self.hosts = base, python, hosts
+        self.env = {**os.environ, "HPC_TRAIN_REAL_SLURM": str(base)}
+        self.env.pop("SLURM_CONF", None)
+
+    def root(self, host: str) -> Path:
+        return self.base / "roots" / host
+
+    @property
+    def controller(self) -> str:
+        return next(h for h, kind in self.hosts.items() if kind == "controller")
+
+    def site_slurm_conf(self, configless: bool = False) -> str:
+        """The site's own slurm.conf before hpc-train: no GPUs in GresTypes, the shell's limits propagated."""
+        b = self.base
+        return "\n".join([
+            f"ClusterName={CLUSTER_NAME}", f"SlurmctldHost={self.controller}({CONTROLLER_IP})", "SlurmUser=root",
+            f"SlurmctldPort={CTLD_PORT}", f"SlurmdPort={SLURMD_PORT}", "AuthType=auth/munge", "CredType=cred/munge",
+            f"AuthInfo=socket={b}/munge/run/munge.socket.2", f"StateSaveLocation={b}/state", f"SlurmdSpoolDir={b}/spool/%n",
+            f"SlurmctldPidFile={b}/run/slurmctld.pid", f"SlurmdPidFile={b}/run/slurmd-%h.pid",
+            f"SlurmctldLogFile={b}/log/slurmctld.log", f"SlurmdLogFile={b}/log/slurmd-%h.log", "SlurmctldDebug=info",
+            "SlurmdDebug=info", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides",
+            "ReturnToService=2", "MailProg=/bin/true", "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
+            "SchedulerParameters=sched_interval=1", "GresTypes=bandwidth", "PropagateResourceLimits=ALL",
+            *(["SlurmctldParameters=enable_configless"] if configless else []),
+            "PartitionName=gpu Nodes=ALL Default=YES MaxTime=10:00 State=UP", "",
+        ])
+
+    def write_roots(self, configless: bool) -> None:
+        """Each host's files before the roles run. Classic: the same site slurm.conf everywhere. Configless: only the
+        controller has one; the nodes' slurmd is started with --conf-server (SLURMD_OPTIONS, as on EL)."""
+        subprocess.run(["rm", "-rf", str(self.base / "roots"), str(self.base / "state"), str(self.base / "spool")], check=True)
+        for host, kind in self.hosts.items():
+            etc = self.root(host) / "etc"
+            (etc / "slurm").mkdir(parents=True)
+            (self.root(host) / "run").mkdir()
+            if kind == "controller" or not configless:
+                (etc / "slurm" / "slurm.conf").write_text(self.site_slurm_conf(configless))
+                (etc / "slurm" / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
+            if kind == "node" and configless:
+                (etc / "sysconfig").mkdir()
+                (etc / "sysconfig" / "slurmd").write_text(f'SLURMD_OPTIONS="--conf-server {CONTROLLER_IP}:{CTLD_PORT}"\n')
+        (self.base / "spool").mkdir()
+        for host, kind in self.hosts.items():
+            if kind == "node":
+                (self.base / "spool" / host).mkdir()
+
+    def up(self) -> None:
+        hosts_file = self.base / "hosts.txt"
+        hosts_file.write_text("".join(f"{h} {kind} {self.root(h)} {GPUS_PER_NODE if kind == 'node' else 0}\n"
+                                      for h, kind in self.hosts.items()))
+        (self.base / "bin").mkdir(exist_ok=True)
+        for host in self.hosts:  # the interpreter Ansible uses for the host: Python inside the host's namespaces
+            wrapper = self.base / "bin" / f"python-{host}"
+            wrapper.write_text(f'#!/bin/sh\nexec {HERE / "bin" / "in-host"} {host} {self.python} "$@"\n')
+            wrapper.chmod(0o755)
+        (self.base / "systemctl-calls.jsonl").unlink(missing_ok=True)
+        result = subprocess.run(["bash", str(CLUSTER_SH), "up", str(self.base), str(hosts_file)], capture_output=True, text=True,
+                                env=self.env)
+        if result.returncode != 0:
+            raise RuntimeError(f"real_slurm/cluster.sh up failed:\n{result.stdout}{result.stderr}")
+
+    def down(self) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(CLUSTER_SH), "down", str(self.base)], capture_output=True, text=True, env=self.env)
+
+    def in_host(self, host: str, *argv: str, timeout_s: float = 60, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run([str(HERE / "bin" / "in-host"), host, *argv], capture_output=True, text=True, env=self.env,
+                              timeout=timeout_s, **kwargs)
+
+    def systemctl(self, host: str, *args: str) -> subprocess.CompletedProcess:
+        """Start or restart a daemon the way the roles do (bin/systemctl, inside the host)."""
+        return self.in_host(host, str(HERE / "bin" / "systemctl"), *args)
+
+    def wait(self, what: str, probe, timeout_s: float = 30, poll_s: float = 0.3):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = probe()
+            if value or time.monotonic() > deadline:
+                return value
+            time.sleep(poll_s)
+
+    def controller_up(self) -> bool:
+        return "is UP" in self.in_host(self.controller, "scontrol", "ping").stdout
+
+    def nodes(self) -> dict[str, dict]:
+        """NodeName -> the fields of `scontrol show node --oneliner` (as slurmctld knows them)."""
+        out = self.in_host(self.controller, "scontrol", "--oneliner", "show", "node").stdout
+        found = {}
+        for line in out.splitlines():
+            fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+            reason = re.search(r" Reason=(.*?) \[[^\]]*\]", line)  # the one value with spaces: "text [user@time]"
+            if reason:
+                fields["Reason"] = reason.group(1)
+            if "NodeName" in fields:
+                found[fields["NodeName"]] = fields
+        return found
+
+    def wait_nodes(self, names: list[str], state: str = "IDLE", timeout_s: float = 30) -> dict[str, dict]:
+        """Until every node is in `state` (no DRAIN, INVAL, NOT_RESPONDING...), or the timeout; the last answer."""
+        seen: dict = {}
+
+        def probe():
+            seen.update(nodes=self.nodes())
+            return all(seen["nodes"].get(n, {}).get("State") == state for n in names)
+        self.wait("nodes", probe, timeout_s)
+        return seen["nodes"]
+
+    def sbatch_wait(self, host: str, script: str, output: Path, timeout_s: float = 60) -> subprocess.CompletedProcess:
+        """sbatch --wait from `host` (its own slurm.conf, its own shell limits in `script`'s first lines)."""
+        output.unlink(missing_ok=True)
+        return self.in_host(host, "bash", "-c", script.replace("OUTPUT", str(output)), timeout_s=timeout_s)
+
+    def memlock_kib(self, host: str) -> str:
+        """The locked-memory limit slurmd on `host` runs with, as `ulimit -l` prints it (KiB or unlimited)."""
+        try:
+            pid = int((self.base / "run" / f"slurmd-{host}.pid").read_text())
+            line = next(l for l in Path(f"/proc/{pid}/limits").read_text().splitlines() if l.startswith("Max locked memory"))
+        except (OSError, ValueError, StopIteration):
+            return "?"
+        soft = line.split()[3]
+        return soft if soft == "unlimited" else str(int(soft) // 1024)
+
+    def logs(self, lines: int = 12) -> str:
+        out = []
+        for log in sorted((self.base / "log").glob("*.log")) + sorted((self.base / "log").glob("*.out")):
+            text = log.read_text(errors="replace").strip().splitlines()[-lines:]
+            out.append(f"--- {log.name}\n" + "\n".join(text))
+        return "\n".join(out)
+
+    def fake_gpus(self, host: str, **state) -> None:
+        """The GPUs the health check on `host` sees: a stand-in nvidia-smi (bin/nvidia-smi-<host>) with its own state,
+        4 GPUs on driver 570.172.08 unless `state` says otherwise (gpus=3, gpu_fields={...})."""
+        loaded = self.base / f"driver-{host}"
+        loaded.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.172.08  Release Build  (stand-in)\n")
+        path = self.base / f"gpu-{host}.json"
+        path.write_text(json.dumps({"loaded_version_file": str(loaded), "gpus": GPUS_PER_NODE, **state}))
+        wrapper = self.base / "bin" / f"nvidia-smi-{host}"
+        wrapper.write_text(f'#!/bin/sh\nHPC_TRAIN_FAKE_GPU={path} exec {HERE.parent / "fake_gpu" / "bin" / "nvidia-smi"} "$@"\n')
+        wrapper.chmod(0o755)
+
+    def calls(self) -> list[dict]:
+        path = self.base / "systemctl-calls.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -1,0 +1,216 @@
+"""The real_slurm rung: what the roles write for Slurm, read by Slurm 22.05 itself (slurmctld, slurmd, sbatch,
+scontrol) on the ladder's own small cluster (real_slurm/): a controller, GPU nodes gpu01 and gpu02 (Slurm NodeName
+gpu-b02) with 4 fake GPUs each, and a login host, each in its own namespaces with its own /etc/slurm.
+
+classic     every host reads its own slurm.conf: check mode writes nothing; site.yml --tags slurm; then the real
+            slurmctld and slurmd (started as EL's units start them, without -N: slurmd finds its NodeName by its host
+            name) register both nodes with their GPUs; a job submitted from the login host with a 64 KiB shell MEMLOCK
+            runs with slurmd's unlimited one; a login host whose slurm.conf the site owns is refused, and its job gets
+            the shell's limit; the gpu_health check run by the real slurmd drains a node with a lost GPU or an ECC
+            error (reason gpu_health: ...), resumes it once healthy, and leaves an admin's drain alone
+configless  the nodes have no slurm.conf and run slurmd --conf-server: refused while slurmd has fetched nothing;
+            registered with the controller's gres.conf lines; scontrol on a node names slurmctld's SLURM_CONF; a rerun
+            that changes the controller restarts slurmctld, then slurmd, which fetches the new files
+
+The Python suites' cluster (tests/cluster) is stopped first: never two clusters at once on one machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import ladder_lib as lib
+from real_slurm.harness import RealSlurm
+
+NODES = {"gpu01": "gpu01", "gpu02": "gpu-b02"}  # host -> Slurm NodeName
+HEALTH_CHECK = "/run/hpc-train/gpu-health-check"
+CLASSIC = {"slurmctl": "controller", "gpu01": "node", "gpu02": "node", "login01": "login"}
+CONFIGLESS = {"slurmctl": "controller", "gpu01": "node", "gpu02": "node"}
+# A GPU job from the login host, whose shell has a 64 KiB locked-memory limit: the job prints its limit and its GPU.
+GPU_JOB = """ulimit -l 64 && sbatch --wait --quiet -N1 --gpus=1 -o OUTPUT --wrap 'echo "$(ulimit -l) $CUDA_VISIBLE_DEVICES"'"""
+
+
+def real_slurm(ladder, venv: Path) -> None:
+    base = lib.WORK / "real-slurm"
+    down = subprocess.run([str(lib.REPO / "tests" / "cluster" / "slurm-down")], capture_output=True, text=True)
+    if not ladder.check("real_slurm/the Python suites' cluster is stopped first (one cluster at a time)", down.returncode == 0,
+                        down.stdout + down.stderr):
+        return
+    base.mkdir(parents=True, exist_ok=True)
+    cluster = RealSlurm(base, venv / "bin" / "python", CLASSIC)
+    try:
+        classic(ladder, venv, cluster)
+        cluster.down()
+        cluster.hosts = CONFIGLESS
+        configless(ladder, venv, cluster)
+    finally:
+        stopped = cluster.down()
+        clean = subprocess.run([str(lib.REPO / "tests" / "cluster" / "check-clean"), "--ours"], capture_output=True, text=True,
+                               env={**cluster.env, "HPCTRAIN_SLURM_DIR": str(base), "HPCTRAIN_SLURM_BRIDGE": "br-hpct-ans"})
+        ladder.check("real_slurm/the cluster is stopped, nothing of it left (tests/cluster/check-clean --ours)",
+                     stopped.returncode == 0 and clean.returncode == 0, stopped.stdout + stopped.stderr + clean.stdout)
+
+
+def play(cluster: RealSlurm, venv: Path, label: str, *extra: str, limit: str = "") -> tuple[subprocess.CompletedProcess, list[dict]]:
+    record = lib.WORK / f"real-slurm-{label}.jsonl"
+    env = lib.ansible_env(venv, record, **{k: v for k, v in cluster.env.items() if k == "HPC_TRAIN_REAL_SLURM"})
+    env["PATH"] = f"{lib.HERE / 'real_slurm' / 'bin'}:{env['PATH']}"  # its systemctl; Slurm's own commands
+    result = lib.run([str(venv / "bin" / "ansible-playbook"), "-i", str(lib.HERE / "inventories" / "real_slurm" / "hosts.yml"),
+                      "--limit", limit or ",".join(cluster.hosts), "-e", f"@{lib.EXAMPLE / 'group_vars' / 'all' / 'gpu_stack.yml'}",
+                      "--tags", "slurm,health", "--skip-tags", "packages", "-e", f"fixtures_dir={lib.HERE / 'fixtures'}",
+                      "-e", f"real_slurm_dir={cluster.base}", "-e", "gpu_stack_manage_services=true",
+                      # The health check where the nodes' namespaces see their own root (/run), checked every 2 s; no DCGM.
+                      "-e", f"gpu_stack_health_check_program={HEALTH_CHECK}", "-e", "slurm_gpu_node_health_check_interval_s=2",
+                      "-e", "gpu_health_dcgm=false", *extra, "slurm_site.yml"], env, lib.WORK / "logs" / f"real-slurm-{label}.log")
+    return result, lib.read_records(record)
+
+
+def failures(records: list[dict]) -> dict[str, str]:
+    return {host: (lib.first_failure(records, host) or {}).get("msg", "") for host in {r["host"] for r in records}
+            if lib.first_failure(records, host)}
+
+
+def conf_lines(cluster: RealSlurm, host: str, name: str = "slurm.conf") -> list[str]:
+    path = cluster.root(host) / "etc" / "slurm" / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def start_slurm(cluster: RealSlurm) -> dict[str, dict]:
+    cluster.systemctl(cluster.controller, "start", "slurmctld.service")
+    cluster.wait("slurmctld", cluster.controller_up, 20)
+    for host in NODES:
+        cluster.systemctl(host, "start", "slurmd.service")
+    return cluster.wait_nodes(list(NODES.values()))
+
+
+def registered_with_gpus(nodes: dict[str, dict]) -> bool:
+    return all(nodes.get(n, {}).get("State") == "IDLE" and nodes[n].get("Gres") == "gpu:h100:4" for n in NODES.values())
+
+
+def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
+    cluster.write_roots(configless=False)
+    cluster.up()
+    for host in NODES:
+        cluster.fake_gpus(host)
+    site = cluster.site_slurm_conf()
+    # Check mode on the controller and the GPU nodes (the login host takes the GPU nodes' path, see play 3).
+    result, records = play(cluster, venv, "1-classic-check-mode", "--check", "--diff", limit="slurmctl,gpu01,gpu02")
+    ladder.check("real_slurm/classic, check mode: runs, writes nothing, restarts nothing",
+                 result.returncode == 0 and all(conf_lines(cluster, h) == site.splitlines() for h in CLASSIC)
+                 and all(c["argv"][:1] == ["is-active"] for c in cluster.calls())
+                 and not (cluster.root("gpu01") / "etc" / "slurm" / "gres.conf").exists(),
+                 f"rc={result.returncode} calls={cluster.calls()}\n{lib.tail(result.stdout)}")
+
+    result, records = play(cluster, venv, "2-classic")
+    ladder.check("real_slurm/classic: site.yml --tags slurm succeeds on the controller, both GPU nodes and the login host",
+                 result.returncode == 0, f"{failures(records)}\n{lib.tail(result.stdout, 20)}")
+    wanted = {"GresTypes=bandwidth,gpu", "PropagateResourceLimitsExcept=MEMLOCK", "Include hpc-train-gpu-nodes.conf"}
+    files = {h: conf_lines(cluster, h) for h in CLASSIC}
+    ladder.check("real_slurm/classic: every host that reads a slurm.conf got the same keys (and the same file)",
+                 all(wanted <= set(lines) and not any(line.startswith("PropagateResourceLimits=") for line in lines) for lines in files.values())
+                 and len({tuple(lines) for lines in files.values()}) == 1, json.dumps({h: l[-5:] for h, l in files.items()}))
+    nodes_files = {h: conf_lines(cluster, h, "hpc-train-gpu-nodes.conf") for h in CLASSIC}
+    ladder.check("real_slurm/classic: the NodeName file is on every host, the same everywhere",
+                 len({tuple(lines) for lines in nodes_files.values()}) == 1 and nodes_files["login01"], json.dumps(nodes_files))
+    ladder.check("real_slurm/classic: the nodes' cgroup.conf keys set, the site's own line kept",
+                 all(set(conf_lines(cluster, h, "cgroup.conf")) == {"CgroupPlugin=autodetect", "ConstrainCores=yes", "ConstrainDevices=yes",
+                                                                     "ConstrainRAMSpace=yes"} for h in NODES),
+                 str({h: conf_lines(cluster, h, "cgroup.conf") for h in NODES}))
+    nodes = start_slurm(cluster)
+    ladder.check("real_slurm/classic: real slurmd on gpu01 and on host gpu02 (NodeName gpu-b02) register with 4 GPUs, idle",
+                 registered_with_gpus(nodes), json.dumps({n: {k: v.get(k) for k in ("State", "Gres", "Reason")} for n, v in nodes.items()})
+                 + "\n" + cluster.logs())
+    ladder.check("real_slurm/classic: slurmctld has gpu-b02 at host gpu02, gpu01 at its NodeAddr",
+                 nodes.get("gpu-b02", {}).get("NodeHostName") == "gpu02" and nodes.get("gpu01", {}).get("NodeAddr") == "10.79.0.11",
+                 json.dumps({n: {k: v.get(k) for k in ("NodeHostName", "NodeAddr")} for n, v in nodes.items()}))
+    output = cluster.base / "job.out"
+    job = cluster.sbatch_wait("login01", GPU_JOB, output)
+    got = output.read_text().split() if output.exists() else []
+    # slurmd's own limit: unlimited with the role's drop-in on a real node; here the machine's hard limit (no
+    # CAP_SYS_RESOURCE), which is still not the submitting shell's 64 KiB.
+    slurmd_limit = cluster.memlock_kib("gpu01")
+    ladder.check("real_slurm/classic: a one-GPU job from the login host (shell MEMLOCK 64 KiB) gets a GPU and slurmd's locked-memory limit",
+                 job.returncode == 0 and got == [slurmd_limit, "0"] and slurmd_limit != "64",
+                 f"rc={job.returncode} job said {got}, slurmd has {slurmd_limit!r}\n{job.stdout}{job.stderr}")
+
+    health(ladder, cluster)
+
+    # The site's own Slurm role puts the login host's slurm.conf back, and owns it (manage_slurm_conf false).
+    (cluster.root("login01") / "etc" / "slurm" / "slurm.conf").write_text(site)
+    calls = len(cluster.calls())
+    result, records = play(cluster, venv, "3-login-owned-by-the-site", "-e", "slurm_gpu_node_manage_slurm_conf=false", limit="login01")
+    msg = failures(records).get("login01", "")
+    ladder.check("real_slurm/classic: a login host whose slurm.conf lacks the keys is refused, naming the file it reads",
+                 msg.startswith('slurm_gpu_node: Slurm on login01 reads /etc/slurm/slurm.conf: GresTypes is "bandwidth"')
+                 and "PropagateResourceLimitsExcept=MEMLOCK" in msg and cluster.calls()[calls:] == [], msg or lib.tail(result.stdout))
+    job = cluster.sbatch_wait("login01", GPU_JOB, output)
+    ladder.check("real_slurm/classic: ... and from there, what the check is for: sbatch refuses GPU jobs (its GresTypes has no gpu)",
+                 job.returncode != 0 and "gres" in job.stderr.lower(), f"rc={job.returncode} {job.stderr.strip()}")
+
+
+def health(ladder, cluster: RealSlurm) -> None:
+    """gpu_health's check, run by the real slurmd every 2 s (HealthCheckProgram), against each node's stand-in GPUs."""
+    cluster.fake_gpus("gpu01", gpus=3)
+    cluster.fake_gpus("gpu02", gpu_fields={"1": {"ecc.errors.uncorrected.volatile.total": "2"}})
+    drained = lambda nodes, name: "DRAIN" in nodes.get(name, {}).get("State", "") and nodes[name].get("Reason", "").startswith("gpu_health:")  # noqa: E731
+    nodes = cluster.wait("drains", lambda: (lambda n: drained(n, "gpu01") and drained(n, "gpu-b02") and n)(cluster.nodes()), 20) or cluster.nodes()
+    ladder.check("real_slurm/gpu_health: slurmd's health check drains a node that lost a GPU and one with an ECC error, saying why",
+                 nodes.get("gpu01", {}).get("Reason") == "gpu_health: 3 of 4 GPUs answer"
+                 and nodes.get("gpu-b02", {}).get("Reason") == "gpu_health: GPU 1 has 2 uncorrected ECC error(s)",
+                 json.dumps({n: {k: v.get(k) for k in ("State", "Reason")} for n, v in nodes.items()}) + "\n" + cluster.logs(5))
+    cluster.fake_gpus("gpu01")
+    nodes = cluster.wait_nodes(["gpu01"], timeout_s=20)
+    ladder.check("real_slurm/gpu_health: once its GPUs are back the node it drained is resumed; the other stays drained",
+                 nodes.get("gpu01", {}).get("State") == "IDLE" and drained(nodes, "gpu-b02"),
+                 json.dumps({n: {k: v.get(k) for k in ("State", "Reason")} for n, v in nodes.items()}))
+    cluster.in_host(cluster.controller, "scontrol", "update", "nodename=gpu01", "state=drain", "reason=bad fan")
+    time.sleep(5)  # two health check intervals and more
+    nodes = cluster.nodes()
+    ladder.check("real_slurm/gpu_health: a drain of someone else's on a healthy node is left alone",
+                 "DRAIN" in nodes.get("gpu01", {}).get("State", "") and nodes["gpu01"].get("Reason") == "bad fan",
+                 json.dumps({k: nodes.get("gpu01", {}).get(k) for k in ("State", "Reason")}))
+    cluster.fake_gpus("gpu02")
+    for name in NODES.values():
+        cluster.in_host(cluster.controller, "scontrol", "update", f"nodename={name}", "state=resume")
+
+
+def configless(ladder, venv: Path, cluster: RealSlurm) -> None:
+    cluster.write_roots(configless=True)
+    cluster.up()
+    result, records = play(cluster, venv, "4-configless-slurmd-not-started")
+    msgs = failures(records)
+    ladder.check("real_slurm/configless: nodes whose slurmd has fetched nothing are refused with the fix",
+                 sorted(msgs) == ["gpu01", "gpu02"] and all(m.startswith(f"slurm_gpu_node: {h} is configless, but slurmd has fetched no "
+                                                                         "configuration from slurmctld") and "--conf-server" in m
+                                                              for h, m in msgs.items()), json.dumps(msgs))
+    ctl = cluster.root("slurmctl") / "etc" / "slurm"
+    node_files = sorted(str(p.relative_to(cluster.base)) for h in NODES for p in (cluster.root(h) / "etc" / "slurm").rglob("*"))
+    ladder.check("real_slurm/configless: gres lines (NodeName-qualified, gpu-b02 too) and cgroup keys on the controller, nothing on the nodes",
+                 (ctl / "gres.conf").exists() and "NodeName=gpu-b02 Name=gpu Type=h100 File=/dev/nvidia[0-3]" in (ctl / "gres.conf").read_text()
+                 and "ConstrainDevices=yes" in (ctl / "cgroup.conf").read_text() and node_files == [], str(node_files))
+    nodes = start_slurm(cluster)
+    ladder.check("real_slurm/configless: slurmd --conf-server on both nodes registers them with the controller's gres.conf, idle",
+                 registered_with_gpus(nodes), json.dumps({n: {k: v.get(k) for k in ("State", "Gres", "Reason")} for n, v in nodes.items()})
+                 + "\n" + cluster.logs())
+    said = cluster.in_host("gpu01", "scontrol", "show", "config").stdout
+    slurm_conf = next((line.split("=", 1)[1].strip() for line in said.splitlines() if line.startswith("SLURM_CONF")), "")
+    ladder.check("real_slurm/configless: scontrol on a configless node names slurmctld's SLURM_CONF, not the fetched copy "
+                 "(so it cannot tell configless mode)", slurm_conf == "/etc/slurm/slurm.conf", slurm_conf)
+
+    calls = len(cluster.calls())
+    result, records = play(cluster, venv, "5-configless-rerun", "-e", "slurm_gpu_node_nodename_extra=Weight=5")
+    restarts = [(c["host"], c["argv"][1]) for c in cluster.calls()[calls:] if c["argv"][:1] == ["try-restart"]]
+    fetched = cluster.root("gpu01") / "run" / "slurm" / "conf" / "hpc-train-gpu-nodes.conf"
+    ladder.check("real_slurm/configless: a rerun passes the checks of what each node fetched, and writes nothing on the nodes",
+                 result.returncode == 0 and not any((cluster.root(h) / "etc" / "slurm" / "gres.conf").exists() for h in NODES),
+                 f"{failures(records)}\n{lib.tail(result.stdout, 15)}")
+    ladder.check("real_slurm/configless: a controller change restarts slurmctld, then each slurmd, which fetches the new NodeName lines",
+                 restarts[:1] == [("slurmctl", "slurmctld.service")] and sorted(restarts[1:]) == [("gpu01", "slurmd.service"), ("gpu02", "slurmd.service")]
+                 and fetched.exists() and "Weight=5" in fetched.read_text(), f"restarts={restarts}")
+    nodes = cluster.wait_nodes(list(NODES.values()))
+    ladder.check("real_slurm/configless: after the restarts both nodes are back, idle, with the new weight",
+                 registered_with_gpus(nodes) and all(nodes[n].get("Weight") == "5" for n in NODES.values()),
+                 json.dumps({n: {k: v.get(k) for k in ("State", "Weight")} for n, v in nodes.items()}))

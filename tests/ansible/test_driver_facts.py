@@ -1,0 +1,159 @@
+"""The nvidia_driver_facts module (ansible/roles/nvidia_driver/library/) against canned /proc/driver/nvidia/version,
+modinfo and rpm output (fixtures/driver_facts/, in the formats the real files and tools print): its parsers one by
+one, then the module itself, run as Ansible runs it (a Python process given its arguments as JSON) with stand-in
+rpm and modinfo first on PATH. The roles' use of it on real modinfo output is the converge and live rungs'."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+MODULE = HERE.parent.parent / "ansible" / "roles" / "nvidia_driver" / "library" / "nvidia_driver_facts.py"
+CANNED = HERE / "fixtures" / "driver_facts"
+KERNEL = "5.14.0-427.13.1.el9_4.x86_64"
+BOOT_KERNEL = "5.14.0-503.11.1.el9_5.x86_64"
+
+
+def load_module():
+    sys.dont_write_bytecode = True  # no __pycache__ next to the module: ansible/ ships whole in the wheel
+    spec = importlib.util.spec_from_file_location("nvidia_driver_facts", MODULE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+facts = load_module()
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("proc-version-open.txt", {"version": "570.172.08", "flavor": "open"}),
+    ("proc-version-open-aarch64.txt", {"version": "570.172.08", "flavor": "open"}),
+    ("proc-version-proprietary.txt", {"version": "550.163.01", "flavor": "proprietary"}),
+])
+def test_loaded_driver_from_proc(name: str, expected: dict) -> None:
+    assert facts.parse_loaded((CANNED / name).read_text()) == expected
+
+
+def test_no_loaded_driver_is_data() -> None:
+    assert facts.parse_loaded("") == {"version": "", "flavor": ""}
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("modinfo-open.txt", {"version": "570.172.08", "flavor": "open"}),
+    ("modinfo-proprietary.txt", {"version": "550.163.01", "flavor": "proprietary"}),
+])
+def test_module_version_and_flavour_from_modinfo(name: str, expected: dict) -> None:
+    # srcversion: and vermagic: must not be taken for version:
+    assert facts.parse_modinfo((CANNED / name).read_text()) == expected
+
+
+def test_unknown_licence_is_kept_as_is() -> None:
+    assert facts.parse_modinfo("version:        1.0\nlicense:        GPL\n") == {"version": "1.0", "flavor": "GPL"}
+
+
+def test_enabled_stream_only() -> None:
+    text = (CANNED / "nvidia-driver.module").read_text()
+    assert facts.parse_stream(text) == "570-open"
+    assert facts.parse_stream(text.replace("state=enabled", "state=disabled")) == ""
+    assert facts.parse_stream("") == ""
+
+
+def test_installed_driver_prefers_the_open_kmod_and_sees_fabric_manager() -> None:
+    packages = {"kmod-nvidia-open-dkms": "570.172.08", "nvidia-fabric-manager": "570.172.08", "nvidia-driver-cuda": "570.172.08"}
+    assert facts.installed_driver(packages, facts.KMOD_PACKAGES) == {"version": "570.172.08", "flavor": "open", "fabricmanager": True}
+    assert facts.installed_driver({"kmod-nvidia-latest-dkms": "550.163.01"}, facts.KMOD_PACKAGES) == {
+        "version": "550.163.01", "flavor": "proprietary", "fabricmanager": False}
+    assert facts.installed_driver({}, facts.KMOD_PACKAGES) == {"version": "", "flavor": "", "fabricmanager": False}
+
+
+def test_driver_version_el9_and_el7_names() -> None:
+    assert facts.driver_version({"nvidia-driver-cuda": "570.172.08", "nvidia-driver": "1"}) == "570.172.08"
+    assert facts.driver_version({"nvidia-driver-branch-550-cuda": "550.163.01"}) == "550.163.01"
+    assert facts.driver_version({"nvidia-driver": "550.163.01"}) == "550.163.01"
+    assert facts.driver_version({"nvidia-container-toolkit": "1.17.7"}) == ""
+
+
+# ------------------------------------------------------------------------------------------------ the module itself
+
+
+def stand_in(bin_dir: Path, name: str, script: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+
+
+@pytest.fixture()
+def node(tmp_path: Path) -> dict:
+    """A node root with an open 570 module built for KERNEL and a proprietary 550 one for BOOT_KERNEL; rpm lists the
+    open 570 driver and a container toolkit; modinfo prints the canned text named by the module file's content."""
+    root, bin_dir = tmp_path / "root", tmp_path / "bin"
+    bin_dir.mkdir()
+    for kernel, canned, sub in ((KERNEL, "modinfo-open.txt", "extra/nvidia.ko.xz"), (BOOT_KERNEL, "modinfo-proprietary.txt", "updates/dkms/nvidia.ko")):
+        module_file = root / "lib" / "modules" / kernel / sub
+        module_file.parent.mkdir(parents=True)
+        module_file.write_text(str(CANNED / canned))
+    # Another module of the driver, which modinfo reads just as well: not the one that says the driver is built.
+    (root / "lib" / "modules" / KERNEL / "extra" / "nvidia-uvm.ko.xz").write_text(str(CANNED / "modinfo-proprietary.txt"))
+    (root / "etc" / "dnf" / "modules.d").mkdir(parents=True)
+    (root / "etc" / "dnf" / "modules.d" / "nvidia-driver.module").write_text((CANNED / "nvidia-driver.module").read_text())
+    rpm_list = tmp_path / "rpm-qa.txt"
+    rpm_list.write_text("nvidia-driver-cuda 570.172.08\nkmod-nvidia-open-dkms 570.172.08\nnvidia-container-toolkit 1.17.7\n")
+    # The stand-in answers only the query the module makes, for this root.
+    stand_in(bin_dir, "rpm", f'[ "$1 $2 $3" = "--root {root} -qa" ] || exit 9\ncat {rpm_list}\n')
+    stand_in(bin_dir, "modinfo", 'cat "$(cat "$1")"\n')
+    return {"root": root, "bin": bin_dir, "tmp": tmp_path, "rpm_list": rpm_list}
+
+
+def run_module(node: dict, **args: object) -> dict:
+    args_file = node["tmp"] / "args.json"
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"root": str(node["root"]), **args}}))
+    env = {**os.environ, "PATH": f"{node['bin']}:{os.environ['PATH']}"}
+    result = subprocess.run([sys.executable, "-B", str(MODULE), str(args_file)], capture_output=True, text=True, env=env)
+    return json.loads(result.stdout)
+
+
+def test_module_reports_loaded_installed_and_built_for_a_kernel(node: dict) -> None:
+    result = run_module(node, kernel=KERNEL, loaded_version_file=str(CANNED / "proc-version-open.txt"))
+    assert not result.get("failed") and result["changed"] is False
+    assert result["kernel"] == KERNEL
+    assert result["loaded"] == {"version": "570.172.08", "flavor": "open"}
+    assert result["installed"] == {"version": "570.172.08", "flavor": "open", "fabricmanager": False}
+    assert result["driver_version"] == "570.172.08" and result["stream"] == "570-open"
+    assert result["packages"]["nvidia-container-toolkit"] == "1.17.7"
+    assert [(Path(m["path"]).name, m["version"], m["flavor"]) for m in result["modules"]] == [("nvidia.ko.xz", "570.172.08", "open")]
+    assert result["module_built"] is True
+
+
+def test_module_asked_for_the_kernel_the_node_will_boot(node: dict) -> None:
+    # Built there is only the proprietary 550 module: the installed open 570 driver is not built for that kernel.
+    result = run_module(node, kernel=BOOT_KERNEL, loaded_version_file=str(CANNED / "proc-version-open.txt"))
+    assert result["kernel"] == BOOT_KERNEL
+    assert [(m["version"], m["flavor"]) for m in result["modules"]] == [("550.163.01", "proprietary")]
+    assert result["module_built"] is False
+
+
+def test_module_defaults_to_the_running_kernel(node: dict) -> None:
+    result = run_module(node, loaded_version_file=str(CANNED / "proc-version-open.txt"))
+    assert result["kernel"] == os.uname().release
+
+
+def test_no_driver_at_all_is_data_not_a_failure(node: dict) -> None:
+    node["rpm_list"].write_text("")
+    result = run_module(node, kernel="6.1.0-no-such-kernel", loaded_version_file=str(node["tmp"] / "absent"))
+    assert not result.get("failed")
+    assert result["loaded"] == {"version": "", "flavor": ""}
+    assert result["installed"] == {"version": "", "flavor": "", "fabricmanager": False}
+    assert result["modules"] == [] and result["module_built"] is False and result["driver_version"] == ""
+
+
+def test_rpm_failure_is_a_failure_with_the_reason(node: dict) -> None:
+    stand_in(node["bin"], "rpm", "echo 'error: cannot open Packages database' >&2\nexit 1\n")
+    result = run_module(node, kernel=KERNEL)
+    assert result["failed"] is True and "cannot open Packages database" in result["msg"]

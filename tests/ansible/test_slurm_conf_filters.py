@@ -1,0 +1,94 @@
+"""slurm_gpu_node's slurm.conf filters (filter_plugins/slurm_conf.py) against slurm.conf text as sites write it.
+What real Slurm makes of these files is the real_slurm rung's: its slurmd, sbatch and slurmctld read what the
+roles wrote."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+PLUGIN = Path(__file__).resolve().parent.parent.parent / "ansible" / "roles" / "slurm_gpu_node" / "filter_plugins" / "slurm_conf.py"
+
+
+def load():
+    sys.dont_write_bytecode = True  # ansible/ ships whole in the wheel: no __pycache__ next to the plugin
+    spec = importlib.util.spec_from_file_location("slurm_conf_filters", PLUGIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+conf = load()
+SITE = """# site slurm.conf
+ClusterName=test
+SlurmctldHost=slurmctl01
+gresTypes = mps   # case and spaces as sites write them
+PropagateResourceLimits=ALL
+NodeName=cpu[01-10] CPUs=64
+PartitionName=batch Nodes=ALL Default=YES
+Include /etc/slurm/site-extra.conf
+include hpc-train-gpu-nodes.conf
+"""
+NODES = "NodeName=gpu01 CPUs=96 Gres=gpu:h100:8\nNodeName=gpu-b02 NodeHostName=gpu02 CPUs=96 Gres=gpu:h100:8\n"
+GOOD = "GresTypes=mps,gpu\nPropagateResourceLimitsExcept=MEMLOCK\nInclude hpc-train-gpu-nodes.conf\n"
+
+
+def test_values_are_case_insensitive_last_wins_without_records() -> None:
+    values = conf.slurm_conf_values(SITE + "GresTypes=gpu\n")
+    assert values["grestypes"] == "gpu" and values["clustername"] == "test"
+    assert "nodename" not in values and "partitionname" not in values
+    assert conf.slurm_conf_values(SITE)["grestypes"] == "mps"  # the comment is not part of the value
+
+
+def test_includes_in_order() -> None:
+    assert conf.slurm_conf_includes(SITE) == ["/etc/slurm/site-extra.conf", "hpc-train-gpu-nodes.conf"]
+
+
+@pytest.mark.parametrize("text, propagated", [
+    ("", True),  # Slurm's default: PropagateResourceLimits=ALL
+    ("PropagateResourceLimits=ALL", True),
+    ("PropagateResourceLimits=MEMLOCK,STACK", True),
+    ("PropagateResourceLimits=NONE", False),
+    ("PropagateResourceLimits=CORE,STACK", False),
+    ("PropagateResourceLimitsExcept=MEMLOCK", False),
+    ("PropagateResourceLimitsExcept=core,memlock", False),
+    ("PropagateResourceLimitsExcept=ALL", False),
+    ("PropagateResourceLimitsExcept=CORE", True),
+])
+def test_memlock_propagation_follows_slurm(text: str, propagated: bool) -> None:
+    assert conf.slurm_memlock_propagated(conf.slurm_conf_values(text)) is propagated
+
+
+def test_gres_types() -> None:
+    assert conf.slurm_gres_types(conf.slurm_conf_values("GresTypes=mps, gpu")) == ["mps", "gpu"]
+    assert conf.slurm_gres_types({}) == []
+
+
+def test_a_good_configuration_has_no_problem() -> None:
+    gres = "Name=gpu Type=h100 File=/dev/nvidia[0-7]\n"
+    assert conf.slurm_conf_problems(GOOD, NODES, gres, "hpc-train-gpu-nodes.conf", "gpu01") == []
+    configless_gres = "NodeName=gpu-b02 Name=gpu Type=h100 File=/dev/nvidia[0-7]\n"
+    assert conf.slurm_conf_problems(GOOD, NODES, configless_gres, "hpc-train-gpu-nodes.conf", "gpu-b02", True) == []
+    # a login host: no node of its own
+    assert conf.slurm_conf_problems(GOOD, NODES, "", "hpc-train-gpu-nodes.conf") == []
+
+
+def test_each_problem_is_named() -> None:
+    problems = conf.slurm_conf_problems(SITE.replace("include hpc-train-gpu-nodes.conf", ""), NODES, "", "hpc-train-gpu-nodes.conf", "gpu03")
+    assert [p.split(" ")[0:2] for p in problems] == [["GresTypes", "is"], ["it", "propagates"], ["it", "does"],
+                                                     ["the", "NodeName"], ["its", "gres.conf"]]
+    assert 'GresTypes is "mps"' in problems[0] and "PropagateResourceLimitsExcept=MEMLOCK" in problems[1]
+
+
+def test_included_but_missing_nodes_file_is_a_problem() -> None:
+    assert conf.slurm_conf_problems(GOOD, "", "", "hpc-train-gpu-nodes.conf") == [
+        "it does not include hpc-train-gpu-nodes.conf (the GPU nodes' NodeName lines)"]
+
+
+def test_configless_gres_lines_must_name_the_node() -> None:
+    unqualified = "Name=gpu Type=h100 File=/dev/nvidia[0-7]\n"
+    assert conf.slurm_conf_problems(GOOD, NODES, unqualified, "hpc-train-gpu-nodes.conf", "gpu01", True) == [
+        "its gres.conf has no GPU lines for gpu01"]
