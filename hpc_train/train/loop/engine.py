@@ -229,8 +229,7 @@ class Trainer:
             t, self.model, self.ctx, captured=self.captured, criterion=criterion, optimizer=self.optimizer,
             state=self.state, counts=self.counts, autocast=self._autocast, scaler=self.scaler, main=phase == "main",
             images=self.feed.train_images() if self.data.in_memory else None)
-        # Per-rank compute times hook the eager DDP model (under torch.compile, the module it wraps).
-        self.pulse.attach(getattr(self.train_model, "_orig_mod", self.train_model))
+        self.pulse.attach(getattr(self.train_model, "_orig_mod", self.train_model))  # the DDP model under compile
         self.plan = None  # the plan's shapes are the phase's
         self.runner = graphs.CapturedSteps(self.step, self.device, agree=self.agreement.agree_all,
                                            before_capture=self.checkpointer.wait,
@@ -371,10 +370,9 @@ class Trainer:
 
     def _stop_nonfinite(self) -> None:
         where = self.progress.nonfinite_at or "on another rank"
-        message = (
-            f"the training loss is not finite (nan or inf), first seen at {where}; stopped after "
-            f"{self.global_step} optimizer steps (checkpoints in {self.run_dir} predate it). Lower train.optim.lr "
-            "(or lengthen its warm-up), use amp bf16 rather than fp16, or check the data")
+        message = (f"the training loss is not finite (nan or inf), first seen at {where}; stopped after "
+                   f"{self.global_step} optimizer steps (checkpoints in {self.run_dir} predate it). Lower "
+                   "train.optim.lr (or lengthen its warm-up), use amp bf16 rather than fp16, or check the data")
         self._write_status(rundir.FAILED, exit_code=rundir.EXIT_FAILED, reason=message)
         raise report.NonFiniteLoss(message)
 
@@ -431,13 +429,9 @@ class Trainer:
         return record
 
     def _finish(self, tau_record: dict[str, Any] | None) -> dict[str, Any]:
-        timing = self.clock.timing(self.total_epochs - self._first_epoch)
-        timing["cuda_graphs"] = {"on": self.captured, "reason": self.graphs_reason,
-                                 "captured": sorted(self.runner.graphs) if self.runner else [],
-                                 "fell_back": self.runner.failed if self.runner else None}
-        if self.cfg.compile:
-            timing["compiled_graphs"] = graphs.compiled_graphs()
-        timing["checkpoint_stall_ms_max"] = round(1000 * max(self.checkpointer.stall_s, default=0.0), 2)
+        timing = {**self.clock.timing(self.total_epochs - self._first_epoch),
+                  **graphs.graph_facts(self.captured, self.graphs_reason, self.runner, compiled=self.cfg.compile),
+                  "checkpoint_stall_ms_max": round(1000 * max(self.checkpointer.stall_s, default=0.0), 2)}
         summary = report.finish(run_dir=self.run_dir, data_name=self.data.name, num_classes=self.data.num_classes,
                                 total_epochs=self.total_epochs, global_step=self.global_step,
                                 world_size=self.ctx.world_size, counts=self.counts, best=self.best, last=self.last,
