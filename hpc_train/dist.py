@@ -1,8 +1,10 @@
-"""Public path of the rank mapping for your own code (``from hpc_train.dist import setup``); the code is
-:mod:`hpc_train.rank.dist`. Torch-free to import."""
+"""Public path of the rank mapping for your own code (``from hpc_train.dist import setup``) and of the progress
+heartbeat (``from hpc_train.dist import heartbeat``, docs/commands.md); the code is :mod:`hpc_train.rank.dist`
+and :mod:`hpc_train.rank.heartbeat`. Torch-free to import."""
 
 from .rank.dist import (DEFAULT_PORT_BASE, DEFAULT_PORT_SPAN, DistEnv, DistError, init_process_group, launch_info,
                         master_port_for, setup, simulate, teardown, visible_gpu_count)
+from .rank.heartbeat import heartbeat
 
-__all__ = ["DEFAULT_PORT_BASE", "DEFAULT_PORT_SPAN", "DistEnv", "DistError", "init_process_group", "launch_info",
-           "master_port_for", "setup", "simulate", "teardown", "visible_gpu_count"]
+__all__ = ["DEFAULT_PORT_BASE", "DEFAULT_PORT_SPAN", "DistEnv", "DistError", "heartbeat", "init_process_group",
+           "launch_info", "master_port_for", "setup", "simulate", "teardown", "visible_gpu_count"]

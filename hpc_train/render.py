@@ -143,6 +143,14 @@ class LaunchSpec:
     """``--array`` value (``0-2%2``) for sweeps."""
     run_dir: str | None = None
     """Continue this run directory (``submit --resume`` / ``--chain``) instead of a new one per job id."""
+    points_dir: str | None = None
+    """A submitted sweep: each point's resolved job is ``<points_dir>/point-<i>.yaml`` (written before sbatch), so
+    the script stays small for any sweep; unset (``render``): the points are in the script itself."""
+    point_offset: int = 0
+    """The sweep point of this array's task 0 (a sweep split into several arrays at the cluster's MaxArraySize)."""
+    sweep_id: str | None = None
+    """The first array's job id, which names every point's run directory (``<sweep id>_<point>``); unset: this
+    array is the first (``$SLURM_ARRAY_JOB_ID``)."""
 
 
 def array_tasks(points: int, pack: int) -> int:
@@ -212,6 +220,13 @@ def batchnorm_text(spec: JobSpec) -> ShellSafe:
     return ShellSafe(" ".join(decision.describe().split()))
 
 
+def watchdog_on(spec: JobSpec) -> bool:
+    """The batch script runs the watchdog (``slurm.hang_timeout_s`` > 0), except in a container (the batch shell,
+    outside it, may not have hpc-train) and for packed points (the pack runner watches them itself)."""
+    s = spec.slurm
+    return s.hang_timeout_s > 0 and s.container is None and s.pack == 1
+
+
 def heredoc_delimiter(text: str) -> str:
     """A heredoc end marker that cannot occur as a line of ``text`` (derived from its hash)."""
     marker = "HPC_TRAIN_JOB_" + hashlib.sha256(text.encode()).hexdigest()[:12].upper()
@@ -246,7 +261,7 @@ def render_sbatch(
     # The job's own text (a job value like any other: at home in a quoted heredoc); submitit's launch command,
     # quoted by hpc-train (slurm/submit.py).
     job_yaml = dump_yaml(spec)
-    array_yamls = [dump_yaml(s) for s in array_specs]
+    array_yamls = [] if launch.points_dir else [dump_yaml(s) for s in array_specs]
     launch = replace(launch, command=ShellSafe(launch.command))
     run_group = str(PurePosixPath(runs_root) / spec.name)
     binds: list[str] = []
@@ -261,6 +276,7 @@ def render_sbatch(
         job_yaml=job_yaml,
         job_yaml_eof=HpcTrainWord(heredoc_delimiter("".join([job_yaml, *array_yamls]))),
         array_yamls=array_yamls,
+        sweep_points=launch.point_offset + len(array_specs),
         template_name=name,
         version=__version__,
         gpu_request=gpu_request(spec),
@@ -268,7 +284,9 @@ def render_sbatch(
         batchnorm=batchnorm_text(spec),
         entrypoint="hpc_train.command" if spec.command else "hpc_train.train",
         run_files=SimpleNamespace(state_log=rundir.STATE_LOG),
-        exit_codes=SimpleNamespace(checkpointed=rundir.EXIT_CHECKPOINTED),
+        exit_codes=SimpleNamespace(checkpointed=rundir.EXIT_CHECKPOINTED, hung=rundir.EXIT_HUNG,
+                                   hang_requeued=rundir.EXIT_HANG_REQUEUED),
+        watchdog=watchdog_on(spec),
     )
     return _render(template, context)
 

@@ -105,10 +105,12 @@ def test_sweep_values_stay_typed():
 
 
 def test_sweep_size_is_bounded_before_anything_is_built():
-    with pytest.raises(ConfigError, match="20,001 sweep points; one job array holds at most 1000"):
+    with pytest.raises(ConfigError, match="20,001 sweep points; a sweep holds at most 10,000"):
         sweep_points(["train.seed=[" + ",".join(map(str, range(20001))) + "]"])
-    with pytest.raises(ConfigError, match="1,010 sweep points"):  # a grid counted before it is made
-        sweep_points(["train.seed=" + ",".join(map(str, range(101))), "train.data.seed=" + ",".join("0123456789")])
+    with pytest.raises(ConfigError, match="10,100 sweep points"):  # a grid counted before it is made
+        sweep_points(["train.seed=" + ",".join(map(str, range(101))), "train.data.seed=" + ",".join(map(str, range(100)))])
+    assert len(sweep_points(["train.seed=" + ",".join(map(str, range(100))), "train.data.seed=" + ",".join(
+        map(str, range(100)))])) == 10_000
 
 
 @pytest.mark.parametrize("make,message", [

@@ -53,6 +53,9 @@ def test_last_is_the_headline_best_is_held_out_only_and_best_on_test_is_named(tm
     blocks = text.split("\n\n")
     plain_block = next(b for b in blocks if "val_fraction=0.0" in b)
     held_block = next(b for b in blocks if "val_fraction=0.1" in b)
-    labels = lambda block: [line.split()[0] for line in block.splitlines()[3:]]  # noqa: E731
+    # Rows follow the column header (summary lines such as GPU-hours come before it).
+    header_at = lambda block: next(i for i, line in enumerate(block.splitlines()) if line.split()[:1] == ["epoch"])  # noqa: E731
+    labels = lambda block: [line.split()[0] for line in block.splitlines()[header_at(block) + 1:]]  # noqa: E731
     assert labels(plain_block) == ["last", "best_on_test"] and labels(held_block) == ["last", "best", "best_on_test"]
-    assert "ECE" in plain_block.splitlines()[2] and "55.00" in plain_block.splitlines()[3]
+    plain_lines = plain_block.splitlines()
+    assert "ECE" in plain_lines[header_at(plain_block)] and "55.00" in plain_lines[header_at(plain_block) + 1]

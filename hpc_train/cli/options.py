@@ -74,11 +74,12 @@ def simulate_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return _apply(func, [
         click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
-                     help="One run (an array task on Slurm) per value; several --sweep: their grid. train.* keys only."),
+                     help="One run (an array task on Slurm) per value; several --sweep: their grid (at most 10,000 "
+                          "points; more than the cluster's MaxArraySize go as several arrays). train.* keys only."),
         click.option("--sweep-file", type=click.Path(dir_okay=False, path_type=Path),
                      help="YAML sweep: {key: [values]} (grid) or {points: [{key: value}, ...]}."),
-        click.option("--max-parallel", type=click.IntRange(min=1, max=1000),
-                     help="Slurm: the array throttle, at most N tasks at once (%N). Local runs ignore it: they go "
+        click.option("--max-parallel", type=click.IntRange(min=1, max=10_000),
+                     help="Slurm: the array throttle, at most N tasks at once (%N, on each array). Local runs ignore it: they go "
                           "one at a time, or K at a time with --pack K."),
         click.option("--pack", type=click.IntRange(min=1, max=64), metavar="K",
                      help="Run K sweep points together in one allocation (one GPU, one node), each its own run "

@@ -88,16 +88,19 @@ def logs(run: str, runs_dir: str | None, follow: bool, rank: int | None) -> None
 @click.argument("run")
 @runs_dir_option
 def cancel(run: str, runs_dir: str | None) -> None:
-    """Cancel a run (scancel on Slurm; a local run's ranks are ended at once).
+    """Cancel a run (scancel on Slurm; a local run's ranks are ended at once), or a whole sweep (every point, and
+    each of its job arrays).
 
     \b
-    Example:
+    Examples:
       hpc-train cancel digits-lt-demo/4242
+      hpc-train cancel lt-sweep             # every point of the sweep
     """
-    from ..runs.index import resolve_run
-    from ..runs.status import cancel_run
+    from ..runs import sweeps
+    from ..runs.status import cancel_run, cancel_sweep
 
-    click.echo(cancel_run(resolve_run(run, runs_root(runs_dir))))
+    chosen, is_sweep = sweeps.find(run, runs_root(runs_dir))
+    click.echo(cancel_sweep(chosen) if is_sweep else cancel_run(chosen[0]))
 
 
 @cli.command(context_settings=CONTEXT)

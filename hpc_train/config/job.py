@@ -18,6 +18,7 @@ from .typed import to_plain
 Launcher = Literal["srun", "torchrun"]
 GpuFlag = Literal["gpus-per-node", "gres"]
 ContainerRuntime = Literal["apptainer", "pyxis"]
+HangAction = Literal["fail", "requeue"]
 
 # Slurm's --time forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
@@ -106,6 +107,16 @@ class SlurmConfig:
     """Requeue the job after a checkpoint on preemption or time limit."""
     max_requeues: int = bounded(3, low=0, says="0 or more")
     """Give up requeueing after this many restarts (``SLURM_RESTART_COUNT``)."""
+    hang_timeout_s: int = bounded(900, low=0, says="0 (off) or more")
+    """The watchdog (the batch script's, and the local launcher's): when no rank has advanced for this long
+    after the first heartbeat, the ranks' Python stacks go into their logs, the run ends and is recorded
+    ``failed`` with the rank and host that stopped first (docs/resilience.md). 0: off. Applies to local runs too."""
+    hang_action: HangAction = "fail"
+    """What the watchdog does after a hang: ``fail`` the run, or ``requeue`` it (at most ``max_requeues`` times;
+    locally: launch it again), resuming from its last checkpoint."""
+    exclude_bad_nodes: bool = True
+    """A requeue caused by a hang, a node failure or a rank failure the logs attribute to one node keeps that node
+    out of the job's next attempts (``ExcNodeList``; the list is in the run directory). Slurm only."""
     gpu_flag: GpuFlag | None = None
     """How GPUs are requested: ``--gpus-per-node=N`` or ``--gres=gpu:N``. Unset: ``--gpus-per-node``
     (preflight picks by Slurm version). Usually set once in the site file."""

@@ -18,8 +18,9 @@ from .yaml_text import MAX_SWEEP_NODES, load_yaml_file, parse_value
 
 Point = dict[str, Any]
 
-MAX_POINTS = 1000
-"""One job array holds the sweep, and Slurm's default MaxArraySize (1001) allows indices 0-1000."""
+MAX_POINTS = 10_000
+"""Points of one sweep. A sweep larger than the cluster's MaxArraySize (Slurm's default 1001 allows indices 0-1000)
+is submitted as several job arrays under one run name (:mod:`hpc_train.slurm.submit`)."""
 
 
 def _key_type(key: str, source: str) -> Any:
@@ -47,8 +48,8 @@ def _split_values(raw: str, source: str) -> list[Any]:
 
 def _check_size(count: int, source: str) -> None:
     if count > MAX_POINTS:
-        raise ConfigError(f"{source}: {count:,} sweep points; one job array holds at most {MAX_POINTS} "
-                          "(Slurm's default MaxArraySize); split the sweep")
+        raise ConfigError(f"{source}: {count:,} sweep points; a sweep holds at most {MAX_POINTS:,} "
+                          "(submitted as job arrays of the cluster's MaxArraySize); split the sweep")
 
 
 def sweep_points(sweeps: Sequence[str] = (), sweep_file: Path | None = None) -> list[Point]:

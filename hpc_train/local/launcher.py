@@ -10,6 +10,9 @@ A launch:
 * sends ``slurm.signal`` ``signal_delay_s`` before ``slurm.time`` and ends the ranks at it (locally; under
   Slurm, Slurm does, and the runner forwards the signal to the ranks);
 * ends the ranks when the run is cancelled (``hpc-train cancel`` records it; the launcher sees it);
+* watches the ranks' heartbeats (``slurm.hang_timeout_s``): when none has advanced for the timeout, the ranks'
+  stacks go into the logs, the ranks are killed and the run is recorded failed, naming the rank that stopped
+  first (:mod:`.watchdog`), or launched again from its last checkpoint (``slurm.hang_action: requeue``);
 * records the launch's exit code, as the batch script's exit block does; a command that exits 75
   (checkpointed) is launched again, at most ``slurm.max_requeues`` times, as Slurm requeues it.
 
@@ -31,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..rank.heartbeat import HANG_TIMEOUT_ENV
 from ..rank.preempt import signal_number  # USR2, SIGUSR2 or 12, as the ranks read slurm.signal
-from ..runs import rundir
+from ..runs import heartbeats, rundir
+from . import watchdog
 
 POLL_S = 0.2
 KILL_WAIT_S = 5.0
@@ -56,6 +61,10 @@ class Launch:
     """The rank's module: the trainer, or :mod:`hpc_train.command` (the user's command)."""
     requeues: int = 0
     """A launch that exits 75 (checkpointed) runs again, at most this many times (commands; Slurm's requeue)."""
+    hang_timeout_s: int = 0
+    """The watchdog's timeout (``slurm.hang_timeout_s``); 0: off."""
+    hang_requeues: int = 0
+    """A hung launch runs again (``slurm.hang_action: requeue``), at most this many restarts in all."""
 
 
 _live: set[subprocess.Popen] = set()
@@ -84,7 +93,7 @@ def rank_environment(launch: Launch, rank: int, port: int, instance: str) -> dic
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(launch.world_size),
         "LOCAL_WORLD_SIZE": str(launch.world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port), rundir.RUN_DIR_ENV: launch.run_dir, rundir.INSTANCE_ENV: instance,
-        "HPC_TRAIN_LAUNCHER": "local", "PYTHONUNBUFFERED": "1",
+        "HPC_TRAIN_LAUNCHER": "local", "PYTHONUNBUFFERED": "1", HANG_TIMEOUT_ENV: str(launch.hang_timeout_s),
     })
     if launch.visible_gpus:
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(launch.visible_gpus)))
@@ -115,11 +124,21 @@ def _exit_code(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def _supervise(procs: list[subprocess.Popen], launch: Launch, batch_log: Any) -> int:
-    """Wait for the ranks; the launch's exit code (the first failing rank's, as srun reports it)."""
+class Hung(Exception):
+    """The watchdog ended the launch; ``reason`` names the rank that stopped first."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _supervise(procs: list[subprocess.Popen], launch: Launch, batch_log: Any, instance: str = "") -> int:
+    """Wait for the ranks; the launch's exit code (the first failing rank's, as srun reports it). Raises
+    :class:`Hung` when the watchdog ended them."""
     run_dir = Path(launch.run_dir)
     started, last_check, signalled = time.monotonic(), 0.0, False
     host = socket.gethostname()
+    watch = heartbeats.Watch(launch.world_size, launch.hang_timeout_s, instance)
     # Poll every rank each time (a generator in any() stops at the first live one, and a failure of a later
     # rank would go unseen until the earlier ones ended).
     while any([p.poll() is None for p in procs]):
@@ -137,6 +156,12 @@ def _supervise(procs: list[subprocess.Popen], launch: Launch, batch_log: Any) ->
                 _log(batch_log, "cancelled; ending the ranks")
                 _end_all(procs)
                 return 128 + signal.SIGTERM
+            if launch.hang_timeout_s > 0:
+                watch.update(heartbeats.read_beats(run_dir, instance), now)
+                ended = [rank for rank, p in enumerate(procs) if p.poll() is not None]
+                if watch.hung(now, ended):
+                    raise Hung(watchdog.on_hang(procs, watch, lambda r: run_dir / rundir.RANK_LOG.format(rank=r),
+                                                lambda text: _log(batch_log, text)))
         limited = launch.time_limit_s > 0
         if limited and not signalled and now - started >= launch.time_limit_s - launch.signal_delay_s:
             signalled = True
@@ -185,15 +210,29 @@ def run_launch(launch: Launch, python: str, cwd: str) -> int:
         procs = []
         for rank in range(launch.world_size):
             with open(run_dir / rundir.RANK_LOG.format(rank=rank), "ab") as rank_log:
+                # A process group per rank: the watchdog kills a hung rank with its data workers.
                 procs.append(subprocess.Popen(command, env=rank_environment(launch, rank, port, instance), cwd=cwd,
-                                              stdin=subprocess.DEVNULL, stdout=rank_log, stderr=subprocess.STDOUT))
+                                              stdin=subprocess.DEVNULL, stdout=rank_log, stderr=subprocess.STDOUT,
+                                              process_group=0))
         with _live_lock:
             _live.update(procs)
+        hung = None
         try:
-            code = _supervise(procs, launch, batch_log)
+            code = _supervise(procs, launch, batch_log, instance)
+        except Hung as exc:
+            hung, code = exc.reason, rundir.EXIT_HUNG
         finally:
             with _live_lock:
                 _live.difference_update(procs)
+        if hung is not None and launches < launch.hang_requeues and not _received_term():
+            _log(batch_log, f"hung: launching it again from its last checkpoint (restart {launches + 1} of at most "
+                            f"{launch.hang_requeues})")
+            rundir.append_event(run_dir, rundir.REQUEUED, writer="watchdog", instance=instance, restart=restart,
+                                exit_code=code, reason=hung)
+            return run_launch(launch, python, cwd)
+        if hung is not None:
+            rundir.append_event(run_dir, rundir.FAILED, writer="watchdog", instance=instance, restart=restart,
+                                exit_code=code, reason=hung)
         if code != 0 and rundir.read_state(run_dir).state == rundir.PREEMPTED:
             code = rundir.EXIT_CHECKPOINTED
         if code == rundir.EXIT_CHECKPOINTED and launches < launch.requeues and not _received_term():
@@ -263,7 +302,9 @@ def launch_for(spec, run_dir: Path, *, under_slurm: bool = False) -> Launch:
                   time_limit_s=0 if under_slurm else s.time_min * 60, signal=s.signal,
                   signal_delay_s=s.signal_delay_s, env={**threads, **s.env},
                   entry="hpc_train.command" if spec.command else "hpc_train.train",
-                  requeues=s.max_requeues if (spec.command and s.requeue and not under_slurm) else 0)
+                  requeues=s.max_requeues if (spec.command and s.requeue and not under_slurm) else 0,
+                  hang_timeout_s=s.hang_timeout_s,
+                  hang_requeues=s.max_requeues if (s.hang_action == "requeue" and not under_slurm) else 0)
 
 
 def as_dict(launch: Launch) -> dict[str, Any]:

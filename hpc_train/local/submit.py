@@ -34,7 +34,7 @@ LAUNCHER_MODULE = "hpc_train.local"
 # slurm.* keys that only mean something on a cluster (a local run says which of them a job set).
 _IGNORED_LOCALLY = ("modules", "venv", "conda_env", "python", "container", "partition", "account", "qos",
                     "constraint", "exclusive", "mem_gb", "srun_args", "cpu_bind", "extra_sbatch", "gpu_flag",
-                    "gres_name", "template", "launcher")
+                    "gres_name", "template", "launcher", "exclude_bad_nodes")
 
 
 def ignored_keys(spec) -> list[str]:
@@ -42,7 +42,8 @@ def ignored_keys(spec) -> list[str]:
     from ..config import SlurmConfig
 
     default = SlurmConfig()
-    keys = _IGNORED_LOCALLY if spec.command else (*_IGNORED_LOCALLY, "requeue", "max_requeues")
+    requeues = spec.command or spec.slurm.hang_action == "requeue"  # a local command or hang is launched again
+    keys = _IGNORED_LOCALLY if requeues else (*_IGNORED_LOCALLY, "requeue", "max_requeues")
     return [f"slurm.{key}" for key in keys if getattr(spec.slurm, key) != getattr(default, key)]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from ..runs import rundir
-from . import preempt
+from . import heartbeat, preempt
 from .dist import rank_and_host
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ def run(load_job: Callable[[], tuple["JobSpec", Path | None]], *, run_dir: str |
     # First thing: Slurm may send the signal seconds after the task starts, and its default action would
     # kill the rank during the torch import. USR2 and TERM now; the job's own signal once read.
     preempt.install()
+    heartbeat.install_stack_dump()  # the watchdog's stack-dump signal (SIGURG) from the start
     known_run_dir = run_dir or os.environ.get(rundir.RUN_DIR_ENV)
     try:
         spec, job_file = load_job()

@@ -61,6 +61,65 @@ class RunResult:
     last: dict[str, Any] | None
     train_counts: list[int] = field(default_factory=list)
     best_on_test: dict[str, Any] | None = None
+    elapsed_s: float = 0.0
+    """Wall time of all its launches (requeued attempts and continuations included)."""
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+
+
+def launch_seconds(events: Sequence[Mapping[str, Any]], now: float | None = None) -> float:
+    """Wall seconds of every launch a run's state log records: from each launcher's ``running`` to that launch's
+    last line (its ``exit``, or whatever it wrote last when it was killed); a launch still running counts to now."""
+    import datetime as _dt
+    import time
+
+    def stamp(event: Mapping[str, Any]) -> float | None:
+        try:
+            return _dt.datetime.fromisoformat(str(event["time"])).timestamp()
+        except (KeyError, ValueError):
+            return None
+
+    spans: dict[str, list[float]] = {}
+    ended: set[str] = set()
+    for event in events:
+        instance, when = event.get("instance"), stamp(event)
+        if not instance or when is None:
+            continue
+        if event.get("event") == rundir.RUNNING and event.get("writer") == "launcher" and instance not in spans:
+            spans[instance] = [when, when]
+        elif instance in spans:
+            spans[instance][1] = max(spans[instance][1], when)
+            ended |= {instance} if event.get("event") in (rundir.EXIT, rundir.REQUEUED, rundir.CANCELLED) else set()
+    if spans and (last := max(spans, key=lambda i: spans[i][0])) not in ended and events[-1].get("event") in (
+            rundir.RUNNING, rundir.QUEUED):
+        spans[last][1] = max(spans[last][1], time.time() if now is None else now)
+    return sum(end - start for start, end in spans.values())
+
+
+def gpus_of(config: Mapping[str, Any]) -> int:
+    """GPUs a run holds: nodes x GPUs per node (0 for CPU runs)."""
+    return int(config.get("slurm.nodes") or 1) * int(config.get("slurm.gpus_per_node") or 0)
+
+
+def _gpu_hours(row: Mapping[str, Any]) -> str | None:
+    return f"{row['gpu_hours']:.2f} GPU-hours ({row['elapsed_s'] / 3600:.2f} h elapsed in all)"
+
+
+def _stragglers(row: Mapping[str, Any]) -> str | None:
+    named = [f"{s['run']} rank {s['rank']} on {s['host']} (in {s['epochs']} of {s['of_epochs']} epochs, up to "
+             f"{s['max_ratio']:.1f}x the median compute time)" for s in row["stragglers"]]
+    return ("stragglers: " + "; ".join(named)) if named else None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A line under a configuration's counts (GPU-hours, stragglers): its text from the configuration's data."""
+
+    key: str
+    text: Callable[[Mapping[str, Any]], str | None]
+
+
+SUMMARIES: list[Summary] = [Summary("gpu_hours", _gpu_hours), Summary("stragglers", _stragglers)]
+"""What follows a configuration's counts line, in order; another figure per configuration is one more Summary."""
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -140,8 +199,11 @@ def _train_counts(run_dir: Path) -> list[int]:
 
 
 def load(run: Run, state: str) -> RunResult:
+    from .status import stragglers_of_run
+
     best, last, on_test = best_and_last(evaluations(run.run_dir))
-    return RunResult(run, flatten(_config(run.run_dir)), state, best, last, _train_counts(run.run_dir), on_test)
+    return RunResult(run, flatten(_config(run.run_dir)), state, best, last, _train_counts(run.run_dir), on_test,
+                     elapsed_s=launch_seconds(rundir.read_events(run.run_dir)), stragglers=stragglers_of_run(run.run_dir))
 
 
 def select(refs: Sequence[str], root: Path) -> list[Run]:
@@ -159,7 +221,8 @@ def select(refs: Sequence[str], root: Path) -> list[Run]:
             name, _, ident = ref.rpartition("/")
             found = [r for r in runs if r.name == ref] or [
                 r for r in runs if (not name or r.run_dir.parent.name == name)
-                and ident in (r.job_id, r.run_dir.name, str(r.record.get("array_job_id")))] or [
+                and ident in (r.job_id, r.run_dir.name, str(r.record.get("array_job_id")),
+                              str(r.record.get("sweep_id")))] or [
                 r for r in runs if r.run_dir.parent.name == ref]
         if not found:
             raise ConfigError(f"no runs for {ref!r} under {root} or in the run index (a run, job id, array id or "
@@ -201,6 +264,10 @@ def _row(members: Sequence[RunResult], config_keys: Sequence[str], seed_keys: Se
         "seeds": [{k: m.config.get(k) for k in seed_keys if k in m.config} for m in members],
         "counts": counts, "states": states,
         "epochs": [m.last["epoch"] if m.last else None for m in members],
+        "elapsed_s": sum(m.elapsed_s for m in members),
+        "gpu_hours": sum(m.elapsed_s * gpus_of(m.config) for m in members) / 3600,
+        "runs_gpu_hours": [round(m.elapsed_s * gpus_of(m.config) / 3600, 4) for m in members],
+        "stragglers": [{"run": m.run.name, **s} for m in members for s in m.stragglers],
     }
     for which in ROWS:
         picked = [which.pick(m) for m in members]
@@ -231,8 +298,9 @@ def _cell(stats: Mapping[str, Any]) -> str:
 def format_report(report: Mapping[str, Any]) -> str:
     rows = report["configurations"]
     seeds = ", ".join(report["seed_keys"])
+    total = sum(row["gpu_hours"] for row in rows)
     lines = [f"{report['runs']} run(s) in {len(rows)} configuration(s); accuracy and ECE (%) as mean ± sample std "
-             f"(ddof 1) over {seeds}"]
+             f"(ddof 1) over {seeds}; {total:.2f} GPU-hours in all"]
     width = 16
     for row in rows:
         label = ", ".join(f"{k}={_value(v)}" for k, v in row["config"].items()) or "(all runs alike)"
@@ -243,6 +311,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines += ["", label,
                   f"  {len(row['runs'])} run(s): {c[FINISHED]} finished, {c[RUNNING]} running, {c[FAILED]} failed; "
                   f"seeds {seed_values or '-'}; epochs {shown_epochs}",
+                  *[f"  {text}" for part in SUMMARIES if (text := part.text(row))],
                   "  " + "epoch".ljust(12) + "".join(col.header.rjust(width) for col in COLUMNS)]
         for which in ROWS:
             cells = row[which.name]

@@ -7,7 +7,7 @@ or ``local-<time>-<pid>`` (array-like: ``_<i>``) for local runs::
 
     run.json        who submitted what: job id, cluster, time, version, git SHA, where the logs are
     config.json     the resolved job (JSON);  job.yaml: the same as the ranks read it
-    job.sbatch      the script submitted (Slurm)
+    job.sbatch      the script submitted (Slurm; a sweep point: a link to its array's one script)
     state.jsonl     one line per state change (below)
     logs/           batch.log (the batch shell or the local launcher) and rank-N.log
     ranks/          rank-N.json: what each rank saw
@@ -76,6 +76,10 @@ EXIT_BAD_INPUT = 2
 """Bad configuration or data: one line on stderr saying what to change."""
 EXIT_CHECKPOINTED = 75
 """Checkpointed after a preemption signal but not requeued (EX_TEMPFAIL): continue with --resume."""
+EXIT_HUNG = 124
+"""The watchdog ended a launch whose ranks made no progress for ``slurm.hang_timeout_s`` (timeout(1)'s code)."""
+EXIT_HANG_REQUEUED = 125
+"""The batch script's watchdog ended a hung launch and requeued the job (the batch script then exits 0)."""
 
 
 def state_for_exit(code: int) -> tuple[str, str]:
@@ -86,6 +90,8 @@ def state_for_exit(code: int) -> tuple[str, str]:
         return PREEMPTED, "checkpointed, not requeued"
     if code == EXIT_BAD_INPUT:
         return FAILED, "bad configuration or data (exit 2)"
+    if code == EXIT_HUNG:
+        return FAILED, "hung: no progress for slurm.hang_timeout_s (exit 124)"
     if code > 128:
         return FAILED, f"killed by signal {code - 128} (exit {code})"
     return FAILED, f"exit code {code}"

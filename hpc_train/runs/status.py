@@ -95,9 +95,11 @@ def progress(run_dir: Path) -> dict[str, Any]:
         return {}
     for line in lines:
         try:
-            last = json.loads(line) if line.strip() else last
+            record = json.loads(line) if line.strip() else None
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict) and "record" not in record:  # an evaluation (not the ranks' compute times)
+            last = record
     if not isinstance(last, dict):
         return {}
     keep = ("epoch", "global_step", "top1", "balanced", "many", "medium", "few")
@@ -133,7 +135,7 @@ def run_state(run: Run, job: slurm_cli.JobState | None = None,
 
 STATUS_FIELDS = ("run", "job_id", "cluster", "run_dir", "slurm_state", "source", "elapsed", "nodes",
                  "slurm_exit_code", "slurm_reason", "state", "reason", "exit_code", "restarts", "first_failure",
-                 "progress", "hint")
+                 "progress", "last_progress_s", "slowest_rank", "straggler", "excluded_nodes", "hint")
 """Every field of ``status --json`` for one run, in its order (those without a value are left out; the README
 lists them, and a test ties the two)."""
 
@@ -157,9 +159,76 @@ def run_status(run: Run, job: slurm_cli.JobState | None = None) -> dict[str, Any
     figures = progress(run.run_dir)
     if figures:
         out["progress"] = figures
+    out.update(health(run, state, reason))
     if state == rundir.PREEMPTED or (state == rundir.CANCELLED and "checkpointed" in reason):
         out["hint"] = f"continue it with: hpc-train submit --resume {run.name}"
     return {k: v for k, v in out.items() if v not in ("", None)}
+
+
+def _hang_timeout_s(run: Run) -> float:
+    try:
+        return float(json.loads((run.run_dir / rundir.CONFIG_JSON).read_text())["slurm"]["hang_timeout_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def compute_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The ranks' compute-time records of metrics.jsonl, one per epoch (hpc_train/train/observe/stragglers.py)."""
+    try:
+        lines = (run_dir / rundir.METRICS).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        if '"rank_compute"' in line:
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return found
+
+
+def last_straggler(run_dir: Path) -> dict[str, Any] | None:
+    """The slowest straggler of the last epoch whose compute times were recorded (``status``)."""
+    records = compute_records(run_dir)
+    slow = records[-1].get("stragglers") if records else None
+    return None if not slow else {**max(slow, key=lambda s: s["ratio"]), "epoch": records[-1].get("epoch")}
+
+
+def stragglers_of_run(run_dir: Path) -> list[dict[str, Any]]:
+    """Every rank that was a straggler in some epoch (``report``): in how many of the recorded epochs, and its
+    largest ratio to the median."""
+    records = compute_records(run_dir)
+    by_rank: dict[int, dict[str, Any]] = {}
+    for record in records:
+        for s in record.get("stragglers") or []:
+            seen = by_rank.setdefault(s["rank"], {"rank": s["rank"], "host": s["host"], "epochs": 0, "max_ratio": 0.0})
+            seen["epochs"] += 1
+            seen["max_ratio"] = max(seen["max_ratio"], s["ratio"])
+    return [{**v, "of_epochs": len(records)} for _, v in sorted(by_rank.items())]
+
+
+def health(run: Run, state: str, reason: str) -> dict[str, Any]:
+    """What the heartbeats, the ranks' compute times and the bad-node list say (issue 18): a running run whose
+    slowest rank made no progress for a third of ``slurm.hang_timeout_s`` (at most 5 minutes) is ``stalled``."""
+    from ..slurm.watchdog import excluded_names
+    from . import heartbeats
+
+    out: dict[str, Any] = {}
+    if state == rundir.RUNNING:
+        found = heartbeats.stall(run.run_dir)
+        if found is not None:
+            slow = found.slowest
+            out["last_progress_s"] = round(found.last_progress_s, 1)
+            out["slowest_rank"] = {"rank": slow.rank, "host": slow.host, "last_progress_s": round(found.slowest_s, 1)}
+            if found.slowest_s >= heartbeats.stall_threshold_s(_hang_timeout_s(run)):
+                out["reason"] = "; ".join(r for r in (f"stalled (no progress for {found.slowest_s:.0f} s, rank "
+                                                      f"{slow.rank} on {slow.host})", reason) if r)
+    straggler = last_straggler(run.run_dir)
+    if straggler and state not in rundir.FINAL_STATES | {rundir.QUEUED}:
+        out["straggler"] = straggler
+    out["excluded_nodes"] = excluded_names(run.run_dir) or None
+    return out
 
 
 def is_over(run: Run) -> bool:
@@ -211,6 +280,22 @@ def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0
         if not new and is_done is not None and is_done():
             return
         time.sleep(poll_s)
+
+
+def cancel_sweep(runs: Sequence[Run]) -> str:
+    """Cancel every point of a sweep: each of its job arrays once (scancel), each point not ended recorded."""
+    from .sweeps import array_ids
+
+    live = [r for r, state in zip(runs, run_states(runs)) if state not in rundir.FINAL_STATES]
+    arrays = list(dict.fromkeys(i for r in live if r.cluster != "local" for i in (array_ids(r) or [r.job_id])))
+    for array in arrays:
+        slurm_cli.cancel(array)
+    for run in live:
+        rundir.append_event(run.run_dir, rundir.CANCELLED, writer="hpc-train cancel", reason="cancelled by the user")
+    if not live:
+        return f"{len(runs)} point(s): all have already ended; nothing to cancel"
+    where = f" (job arrays {', '.join(arrays)})" if arrays else " (local runs)"
+    return f"cancelled {len(live)} of {len(runs)} point(s){where}"
 
 
 def cancel_run(run: Run) -> str:

@@ -35,9 +35,20 @@ def _progress(row: Mapping[str, Any]) -> str | None:
                     for k, v in figures.items()) or None
 
 
+def _straggler(row: Mapping[str, Any]) -> str | None:
+    s = row.get("straggler")
+    return f"straggler rank {s['rank']} on {s['host']} ({s['ratio']:.1f}x the median compute time)" if s else None
+
+
+def _excluded(row: Mapping[str, Any]) -> str | None:
+    nodes = row.get("excluded_nodes")
+    return f"excluded nodes {','.join(nodes)}" if nodes else None
+
+
 RUN_PARTS: list[Part] = [
     _field("reason"), _field("slurm_state"), _field("elapsed"), _field("nodes"), _field("exit_code"),
     _field("restarts"), _field("first_failure"), _field("hint"), Part("progress", _progress),
+    Part("straggler", _straggler), Part("excluded_nodes", _excluded),
 ]
 """What follows a run's name, job id and state, in this order."""
 
@@ -55,7 +66,12 @@ def _not_completed(sweep: Mapping[str, Any], shown: int = 5) -> str | None:
     return "did not complete: " + ", ".join(names[:shown]) + more
 
 
-SWEEP_PARTS: list[Part] = [Part("counts", _counts), Part("not_completed", _not_completed)]
+def _arrays(sweep: Mapping[str, Any]) -> str | None:
+    ids = sweep.get("array_job_ids") or []
+    return f"{len(ids)} job arrays ({', '.join(ids)})" if len(ids) > 1 else None
+
+
+SWEEP_PARTS: list[Part] = [Part("counts", _counts), Part("not_completed", _not_completed), Part("array_job_ids", _arrays)]
 """What follows a sweep's name, job id and point count, in this order."""
 
 

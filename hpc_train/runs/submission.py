@@ -156,16 +156,17 @@ def run_record(spec: JobSpec, sources: JobSources, run_dir: Path, *, job_id: str
 
 
 def write_run_files(created: Created, run_dir: Path, spec: JobSpec, record: Mapping[str, Any], *,
-                    script: str | None = None, snapshot: Mapping[str, str] | None = None) -> None:
-    """A new run directory: the resolved job (config.json, job.yaml), run.json, the script, the code snapshot
-    (``submit --snapshot``), ``queued``."""
+                    script: str | None = None, snapshot: Mapping[str, str] | None = None,
+                    job_yaml: str | None = None) -> None:
+    """A new run directory: the resolved job (config.json, job.yaml: ``job_yaml`` when the caller has it already),
+    run.json, the script, the code snapshot (``submit --snapshot``), ``queued``."""
     created.mkdir(run_dir / rundir.LOGS_DIR)
     for name, text in (snapshot or {}).items():
         created.write(run_dir / name, text)
     if script is not None:
         created.write(run_dir / rundir.JOB_SCRIPT, script)
     created.write(run_dir / rundir.CONFIG_JSON, json.dumps(spec.to_dict(), indent=2) + "\n")
-    created.write(run_dir / rundir.JOB_YAML, dump_yaml(spec))
+    created.write(run_dir / rundir.JOB_YAML, dump_yaml(spec) if job_yaml is None else job_yaml)
     created.write(run_dir / rundir.RUN_JSON, json.dumps(record, indent=2) + "\n")
     rundir.append_event(run_dir, rundir.QUEUED, writer="submit", job_id=record.get("job_id"))
 

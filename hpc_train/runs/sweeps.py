@@ -64,8 +64,9 @@ def find(ref: str, root: Any) -> tuple[list[Run], bool]:
     return [run], False
 
 
-SWEEP_FIELDS = ("sweep", "job_id", "points", "counts", "not_completed", "runs")
-"""The fields of ``status --json`` for a sweep (``runs``: each point's status)."""
+SWEEP_FIELDS = ("sweep", "job_id", "points", "counts", "not_completed", "array_job_ids", "runs")
+"""The fields of ``status --json`` for a sweep (``array_job_ids``: its job arrays, several where the sweep was
+larger than the cluster's MaxArraySize; ``runs``: each point's status)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class SweepStatus:
     name: str
     job_id: str
     runs: tuple[Mapping[str, Any], ...]
+    array_job_ids: tuple[str, ...] = ()
 
     def counts(self) -> dict[str, int]:
         """Points per state, in the states' order (unknown last)."""
@@ -91,10 +93,17 @@ class SweepStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return {"sweep": self.name, "job_id": self.job_id, "points": len(self.runs), "counts": self.counts(),
-                "not_completed": [r["run"] for r in self.not_completed()], "runs": list(self.runs)}
+                "not_completed": [r["run"] for r in self.not_completed()],
+                "array_job_ids": list(self.array_job_ids or [self.job_id]), "runs": list(self.runs)}
+
+
+def array_ids(run: Run) -> list[str]:
+    """The job arrays of ``run``'s sweep (one, or several where it was split at the cluster's MaxArraySize)."""
+    ids = run.record.get("array_job_ids") or [run.record.get("array_job_id")]
+    return [str(i) for i in ids if i]
 
 
 def sweep_status(run: Run, rows: Sequence[Mapping[str, Any]]) -> SweepStatus:
     found = point_of(run)
-    job_id = str(run.record.get("array_job_id") or (found[0] if found else run.job_id))
-    return SweepStatus(sweep_name(run) or run.name, job_id, tuple(rows))
+    job_id = str(run.record.get("sweep_id") or run.record.get("array_job_id") or (found[0] if found else run.job_id))
+    return SweepStatus(sweep_name(run) or run.name, job_id, tuple(rows), tuple(array_ids(run)))

@@ -45,6 +45,17 @@ class Created:
         if not existed:
             self.paths.append(path)
 
+    def link(self, path: Path, target: Path) -> None:
+        """A symbolic link to ``target`` (relative when it can be), undone like a file."""
+        import os
+
+        try:
+            path.symlink_to(os.path.relpath(target, path.parent))
+        except OSError as exc:
+            self.undo()
+            raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+        self.paths.append(path)
+
     def undo(self) -> None:
         for path in reversed(self.paths):
             try:

@@ -166,6 +166,20 @@ def first_failure(text: str) -> str | None:
     return None
 
 
+DEFAULT_MAX_ARRAY_SIZE = 1001
+"""Slurm's default MaxArraySize (slurm.conf(5)): array indices 0 to 1000."""
+
+
+def max_array_size() -> int:
+    """The cluster's ``MaxArraySize`` from ``scontrol show config`` (Slurm's default when it cannot be read): an
+    array holds indices 0 to MaxArraySize - 1."""
+    if shutil.which("scontrol") is None:
+        return DEFAULT_MAX_ARRAY_SIZE
+    result = run_command(["scontrol", "show", "config"], check=False)
+    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", result.stdout, re.M)
+    return int(m.group(1)) if m and int(m.group(1)) > 0 else DEFAULT_MAX_ARRAY_SIZE
+
+
 def cancel(job_id: str) -> None:
     run_command(["scancel", job_id])
 

@@ -30,6 +30,8 @@ from ..runs.undo import Created
 from . import client as slurm_cli
 
 WAIT_POLL_S = 1.0
+SWEEPS_DIR = ".sweeps"
+"""Under a job's directory of runs: each submitted sweep's point files and its arrays' scripts."""
 
 
 def submitit_folder(group: Path) -> Path:
@@ -129,6 +131,13 @@ def _train_job(spec: JobSpec, run_dir: str | None):
     return job_class(dump_yaml(spec), run_dir or "")
 
 
+def _point_job(spec: JobSpec, point_file: Path):
+    from ..rank.callable import CommandJob, TorchrunJob, TrainJob
+
+    job_class = TorchrunJob if spec.slurm.launcher == "torchrun" else CommandJob if spec.command else TrainJob
+    return job_class(str(point_file), "")
+
+
 def _sbatch_refused(exc: Exception) -> SubmitError:
     text = getattr(exc, "output", None) or getattr(exc, "stderr", None) or str(exc)
     if isinstance(text, bytes):
@@ -152,12 +161,15 @@ class _SlurmSubmission:
         self.folder = self.created.mkdir(submitit_folder(self.group))
         self.facts = submission_facts()
 
-    def executor(self, spec: JobSpec, resume_dir: Path | None = None):
+    def executor(self, spec: JobSpec, resume_dir: Path | None = None, array_specs: Sequence[JobSpec] | None = None,
+                 sweep_launch: dict[str, Any] | None = None):
         from .submitit_hook import TemplateSlurmExecutor
 
         return TemplateSlurmExecutor(self.folder, spec, runs_root=str(self.root), python=self.python,
                                      site_dirs=self.sources.template_dirs,
-                                     run_dir=str(resume_dir) if resume_dir else None, array_specs=self.sweep)
+                                     run_dir=str(resume_dir) if resume_dir else None,
+                                     array_specs=self.sweep if array_specs is None else array_specs,
+                                     sweep_launch=sweep_launch)
 
     def one(self, spec: JobSpec, resume_dir: Path | None) -> tuple[Any, Path]:
         try:
@@ -178,35 +190,71 @@ class _SlurmSubmission:
         continue_run_record(resume_dir, job_id, logs)
         return job, resume_dir
 
-    def array(self, max_parallel: int | None) -> SubmitResult:
-        executor = self.executor(self.spec)
+    def _stage_points(self) -> Path:
+        """Each point's resolved job, written before any array is queued: the tasks read their own (one small file
+        per point) instead of a script that carries them all."""
+        stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+        points_dir = self.created.mkdir(self.group / SWEEPS_DIR / stamp)
+        self.point_yamls = [dump_yaml(task_spec) for task_spec in self.sweep]  # once per point: dumping is the cost
+        for point, text in enumerate(self.point_yamls):
+            self.created.write(points_dir / f"point-{point}.yaml", text)
+        return points_dir
+
+    def _submit_array(self, first_task: int, tasks: int, points_dir: Path, sweep_id: str | None,
+                      max_parallel: int | None) -> list[Any]:
+        pack = self.spec.slurm.pack
+        first_point = first_task * pack
+        executor = self.executor(self.spec, array_specs=self.sweep[first_point:(first_task + tasks) * pack],
+                                 sweep_launch={"points_dir": str(points_dir), "point_offset": first_point,
+                                               "sweep_id": sweep_id})
         if max_parallel:
             executor.update_parameters(array_parallelism=max_parallel)
-        pack = self.spec.slurm.pack
-        jobs = []
         try:
-            with executor.batch():
-                for first in range(0, len(self.sweep), pack):  # one array task per `pack` points
-                    jobs.append(executor.submit(_train_job(self.sweep[first], None)))
+            with executor.batch():  # each task's callable reads its first point's file (a path, not the text)
+                jobs = [executor.submit(_point_job(self.sweep[task * pack], points_dir / f"point-{task * pack}.yaml"))
+                        for task in range(first_task, first_task + tasks)]
         except Exception as exc:
             raise _sbatch_refused(exc) from None
-        array_id = str(jobs[0].job_id).split("_")[0]
-        self.queued.append(array_id)
-        script = Path(jobs[0].paths.submission_file).read_text(encoding="utf-8")
+        self.queued.append(str(jobs[0].job_id).split("_")[0])
+        return jobs
+
+    def array(self, max_parallel: int | None) -> SubmitResult:
+        """One sweep: job arrays of at most the cluster's MaxArraySize tasks each (`--max-parallel` is ``%N`` on
+        each), every point a run directory ``<first array id>_<point>``."""
+        pack = self.spec.slurm.pack
+        tasks = array_tasks(len(self.sweep), pack)
+        per_array = slurm_cli.max_array_size()
+        points_dir = self._stage_points()
+        jobs: list[Any] = []
+        array_ids: list[str] = []
+        for first_task in range(0, tasks, per_array):
+            made = self._submit_array(first_task, min(per_array, tasks - first_task), points_dir,
+                                      array_ids[0] if array_ids else None, max_parallel)
+            array_ids.append(str(made[0].job_id).split("_")[0])
+            script = Path(made[0].paths.submission_file).read_text(encoding="utf-8")
+            self.created.write(points_dir / f"array-{array_ids[-1]}.sbatch", script)  # one script per array
+            jobs.extend(made)
+        sweep_id = array_ids[0]
         run_dirs = []
         for point, task_spec in enumerate(self.sweep):
             task_id = str(jobs[point // pack].job_id)
-            run_dir = self.group / f"{array_id}_{point}"
+            run_dir = self.group / f"{sweep_id}_{point}"
             logs = _submitit_logs(self.folder, task_id) if pack == 1 else rundir.own_logs(run_dir)
+            extra = {"submitit_folder": str(self.folder), "array_job_id": task_id.split("_")[0], "pack": pack,
+                     "sweep_id": sweep_id, "array_job_ids": array_ids,
+                     "job_script": str(points_dir / f"array-{task_id.split('_')[0]}.sbatch")}
             record = run_record(task_spec, self.sources, run_dir, job_id=task_id, cluster="slurm", logs=logs,
-                                submission=self.facts,
-                                extra={"submitit_folder": str(self.folder), "array_job_id": array_id, "pack": pack})
-            write_run_files(self.created, run_dir, task_spec, record, script=script, snapshot=self.snapshot)
+                                submission=self.facts, extra=extra)
+            write_run_files(self.created, run_dir, task_spec, record, snapshot=self.snapshot,
+                            job_yaml=self.point_yamls[point])
+            self.created.link(run_dir / rundir.JOB_SCRIPT, Path(extra["job_script"]))  # its array's one script
             run_dirs.append(str(run_dir))
         packed = f", {pack} point(s) per task" if pack > 1 else ""
-        return SubmitResult(job_id=array_id, run_name=f"{self.spec.name}/{array_id}_*", run_dir=str(self.group),
+        arrays = f"job array {sweep_id}" if len(array_ids) == 1 else (
+            f"{len(array_ids)} job arrays {', '.join(array_ids)} (MaxArraySize {per_array})")
+        return SubmitResult(job_id=sweep_id, run_name=f"{self.spec.name}/{sweep_id}_*", run_dir=str(self.group),
                             cluster="slurm", tasks=tuple(Path(d).name for d in run_dirs), run_dirs=tuple(run_dirs),
-                            note=f"job array {array_id}: {len(jobs)} task(s){packed}", job=jobs)
+                            note=f"{arrays}: {len(jobs)} task(s){packed}", job=jobs)
 
     def chain(self, resume_dir: Path | None, count: int) -> SubmitResult:
         job, run_dir = self.one(self.spec, resume_dir)

@@ -51,7 +51,7 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
 
     def __init__(self, folder: Path, spec: JobSpec, *, runs_root: str, python: str,
                  site_dirs: Sequence[Path] = (), run_dir: str | None = None,
-                 array_specs: Sequence[JobSpec] = ()) -> None:
+                 array_specs: Sequence[JobSpec] = (), sweep_launch: dict[str, Any] | None = None) -> None:
         # submitit requeues on its own only for Checkpointable callables; ours is not, and our handler
         # (hpc_train/rank/preempt.py) does the checkpoint and requeue in every rank.
         super().__init__(folder=folder, max_num_timeout=0, python=shlex.quote(python))
@@ -61,6 +61,8 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         self._site_dirs = tuple(site_dirs)
         self._run_dir = run_dir
         self._array_specs = tuple(array_specs)
+        self._sweep_launch = dict(sweep_launch or {})
+        """``points_dir``, ``point_offset``, ``sweep_id`` of this array of a sweep (:class:`~hpc_train.render.LaunchSpec`)."""
         # Only what submitit itself reads back (signal lead time for its own bookkeeping).
         self.update_parameters(signal_delay_s=spec.slurm.signal_delay_s, time=spec.slurm.time_min)
 
@@ -108,7 +110,7 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         map_count = params.get("map_count")
         launch = submitit_launch(self.folder, command, map_count=map_count,
                                  array_parallelism=params.get("array_parallelism"))
-        launch = dataclasses.replace(launch, run_dir=self._run_dir)
+        launch = dataclasses.replace(launch, run_dir=self._run_dir, **(self._sweep_launch if map_count else {}))
         if map_count is not None and array_tasks(len(self._array_specs), self._spec.slurm.pack) != map_count:
             raise TemplateError(f"submitit batched {map_count} jobs but {len(self._array_specs)} sweep points were "
                                 "rendered; submit sweeps through hpc_train.slurm.submit")

@@ -26,7 +26,7 @@ from ..config import JobSpec, dump_yaml
 from ..config.batchnorm import decide as batchnorm_decision
 from ..config.plugins import is_import_path
 from ..errors import ConfigError
-from ..rank import preempt
+from ..rank import heartbeat, preempt
 from ..rank.dist import DistEnv, init_process_group
 from ..rank.lifecycle import RunOutcome
 from ..runs import rundir
@@ -343,6 +343,7 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
     configure_backends(spec, env, device)
     with process_group(spec, env, device) as distributed:
         path = prepare_run_dir(spec, env, device, run_dir, job_file, distributed)
+        heartbeat.start(path, env.rank, local_rank=env.local_rank, host=env.hostname)  # first beat: the first step check
         data = load_data(spec, env, device, path, distributed)
         ctx = RankContext(env=env, device=device, rank=env.rank, world_size=env.world_size, distributed=distributed)
         try:

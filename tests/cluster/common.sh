@@ -25,6 +25,7 @@ CPUS_PER_NODE=8                             # oversubscribed (SlurmdParameters=c
 GPUS_PER_NODE=4                             # fake GPUs: gres gpu backed by mknod char devices
 MEM_PER_NODE=16000                          # MB, so --mem=4G fits (not consumable: CR_Core)
 CRED_EXPIRE=${HPCTRAIN_SLURM_CRED_EXPIRE:-5}   # requeue hold: cred_expire + 1 s (Slurm default 120; minimum 5)
+MAX_ARRAY_SIZE=${HPCTRAIN_SLURM_MAX_ARRAY_SIZE:-}  # unset: Slurm's default (1001); the sweep-split test lowers it
 ACCOUNT=research
 DEFAULT_PARTITION=gpu
 PARTITIONS=(gpu debug)                     # gpu is the default
@@ -40,6 +41,16 @@ export SLURM_CONF=$BASE/etc/slurm.conf
 NODES=()
 for ((i = 1; i <= NNODES; i++)); do NODES+=("$(printf 'gpu%02d' "$i")"); done
 NODELIST="gpu[01-$(printf '%02d' "$NNODES")]"
+
+# Every node a stop must clear: this shape's, and any gpuNN namespace a start of another shape left (the
+# 3-node shape of slurm_cluster_3 stopped by a 2-node slurm-down must not leave gpu03's netns and veth).
+stop_nodes() {
+    local ns
+    printf '%s\n' "${NODES[@]}"
+    while read -r ns _; do
+        [[ $ns =~ ^hpctrain-(gpu[0-9][0-9])$ ]] && echo "${BASH_REMATCH[1]}"
+    done < <(ip netns list 2>/dev/null || true)
+}
 
 netns_of() { echo "hpctrain-$1"; }   # netns name of node $1
 veth_of() { echo "veth-$1"; }        # host side of node $1's veth pair (<= 15 chars)
@@ -137,7 +148,7 @@ daemon_pidfiles() {
     echo "$BASE/mysql/run/mysqld.pid:mariadbd"
     echo "$BASE/run/slurmdbd.pid:slurmdbd"
     echo "$BASE/run/slurmctld.pid:slurmctld"
-    for n in "${NODES[@]}"; do echo "$BASE/run/slurmd-$n.pid:slurmd"; done
+    for n in $(stop_nodes | sort -u); do echo "$BASE/run/slurmd-$n.pid:slurmd"; done
 }
 
 # PIDs of processes that belong to this cluster even when their pid file is gone:
@@ -180,7 +191,7 @@ have_link() { ip link show "$1" >/dev/null 2>&1; }
 anything_left() {
     local n spec
     have_link "$BR" && return 0
-    for n in "${NODES[@]}"; do
+    for n in $(stop_nodes | sort -u); do
         have_netns "$(netns_of "$n")" && return 0
         have_link "$(veth_of "$n")" && return 0
     done
@@ -223,7 +234,7 @@ stop_cluster() {
     #    the node namespaces (slurmstepd, job tasks).
     pids=("${node_pids[@]}" "${ctl[@]}")
     if ((${#pids[@]} > 0)); then stop_pids "${pids[@]}"; log "slurmd + slurmctld stopped (${pids[*]})"; fi
-    for n in "${NODES[@]}"; do
+    for n in $(stop_nodes | sort -u); do
         ns=$(netns_of "$n")
         have_netns "$ns" || continue
         mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
@@ -247,7 +258,7 @@ stop_cluster() {
     fi
 
     # 4. Network: veth first (synchronous), then the namespaces and the bridge.
-    for n in "${NODES[@]}"; do
+    for n in $(stop_nodes | sort -u); do
         have_link "$(veth_of "$n")" && ip link del "$(veth_of "$n")"
         have_netns "$(netns_of "$n")" && ip netns del "$(netns_of "$n")"
     done

@@ -34,12 +34,34 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # `pytest -m "not slurm"` deselects every test that needs the cluster.
     for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+        if {"slurm_cluster", "slurm_cluster_3"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
 
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+THIRD_NODE_SHAPE = {"HPCTRAIN_SLURM_NODES": "3", "HPCTRAIN_SLURM_MAX_ARRAY_SIZE": "10"}
+"""The shape of ``slurm_cluster_3``: a third node (requeue around a bad node) and MaxArraySize 10 (sweeps split)."""
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster_3(slurm_cluster: harness.ClusterInfo) -> Iterator[harness.ClusterInfo]:
+    """The cluster restarted with :data:`THIRD_NODE_SHAPE` for one module's tests (about 12 s), and restarted in
+    its default 2-node shape after them (every other suite relies on it)."""
+    mp = pytest.MonkeyPatch()
+    for key, value in THIRD_NODE_SHAPE.items():
+        mp.setenv(key, value)
+    try:
+        info = harness.start_cluster()
+        assert len(info.nodes) == 3, info.nodes
+        yield info
+    finally:
+        mp.undo()
+        restored = harness.start_cluster()
+        if len(restored.nodes) != 2:
+            pytest.fail(f"the 2-node shape was not restored: {restored.nodes}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,8 @@ export OMP_NUM_THREADS=8
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export NCCL_ASYNC_ERROR_HANDLING=1
 export PYTHONUNBUFFERED=1
+# The ranks' heartbeats follow the watchdog's timeout (hpc_train/rank/heartbeat.py).
+export HPC_TRAIN_HANG_TIMEOUT_S=900
 export NCCL_IB_HCA=mlx5_0:1
 export NCCL_SOCKET_IFNAME='^docker,lo'
 
@@ -64,13 +66,13 @@ export HPC_TRAIN_RUN_DIR="$RUN_DIR"
 # The run's state, one line per change (hpc_train/runs/rundir.py reads them for `hpc-train status`): this
 # launch started here, and the exit block below records how it ended.
 run_event() {  # run_event EVENT [EXIT_CODE]
-    printf '{"event": "%s", "writer": "launcher", "instance": "slurm:%s.%s", "restart": %s, "job_id": "%s", "exit_code": %s, "time": "%s"}\n' \
+    printf '{"event": "%s", "writer": "launcher", "instance": "slurm:%s.%s", "restart": %s, "job_id": "%s", "exit_code": %s, "host": "%s", "nodes": "%s", "time": "%s"}\n' \
         "$1" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_ID" "${2:-null}" \
-        "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" >> "$RUN_DIR/state.jsonl"
+        "$(hostname -s)" "$SLURM_JOB_NODELIST" "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" >> "$RUN_DIR/state.jsonl"
 }
 run_event running
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_3A73BDF1D5C2'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_A20F6F36140E'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -105,6 +107,9 @@ slurm:
   signal_delay_s: 120
   requeue: true
   max_requeues: 3
+  hang_timeout_s: 900
+  hang_action: fail
+  exclude_bad_nodes: true
   gpu_flag: gres
   gres_name: gpu
   cpu_bind: null
@@ -228,7 +233,7 @@ train:
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_3A73BDF1D5C2
+HPC_TRAIN_JOB_A20F6F36140E
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then

@@ -50,6 +50,8 @@ export OMP_NUM_THREADS=8
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export NCCL_ASYNC_ERROR_HANDLING=1
 export PYTHONUNBUFFERED=1
+# The ranks' heartbeats follow the watchdog's timeout (hpc_train/rank/heartbeat.py).
+export HPC_TRAIN_HANG_TIMEOUT_S=900
 export NCCL_IB_HCA=mlx5_0:1
 export NCCL_SOCKET_IFNAME='^docker,lo'
 # --- packed sweep points: several runs in this allocation, each its own run directory ------------
@@ -61,7 +63,7 @@ task_id="${SLURM_ARRAY_TASK_ID:-0}"
 run_dirs=()
 points=0
 for slot in $(seq 0 $(( 2 - 1 ))); do
-    point=$(( task_id * 2 + slot ))
+    point=$(( 0 + task_id * 2 + slot ))
     if [ "$point" -ge 3 ]; then
         break
     fi
@@ -69,7 +71,7 @@ for slot in $(seq 0 $(( 2 - 1 ))); do
     mkdir -p "$RUN_DIR/logs"
     case "$point" in
         0)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_01B3398C992A'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_1FB7AC8D5275'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -101,6 +103,9 @@ slurm:
   signal_delay_s: 120
   requeue: true
   max_requeues: 3
+  hang_timeout_s: 900
+  hang_action: fail
+  exclude_bad_nodes: true
   gpu_flag: null
   gres_name: gpu
   cpu_bind: null
@@ -224,10 +229,10 @@ train:
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_01B3398C992A
+HPC_TRAIN_JOB_1FB7AC8D5275
             ;;
         1)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_01B3398C992A'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_1FB7AC8D5275'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -259,6 +264,9 @@ slurm:
   signal_delay_s: 120
   requeue: true
   max_requeues: 3
+  hang_timeout_s: 900
+  hang_action: fail
+  exclude_bad_nodes: true
   gpu_flag: null
   gres_name: gpu
   cpu_bind: null
@@ -382,10 +390,10 @@ train:
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_01B3398C992A
+HPC_TRAIN_JOB_1FB7AC8D5275
             ;;
         2)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_01B3398C992A'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_1FB7AC8D5275'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -417,6 +425,9 @@ slurm:
   signal_delay_s: 120
   requeue: true
   max_requeues: 3
+  hang_timeout_s: 900
+  hang_action: fail
+  exclude_bad_nodes: true
   gpu_flag: null
   gres_name: gpu
   cpu_bind: null
@@ -540,7 +551,7 @@ train:
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_01B3398C992A
+HPC_TRAIN_JOB_1FB7AC8D5275
             ;;
     esac
     run_dirs+=("$RUN_DIR")

@@ -49,6 +49,8 @@ export OMP_NUM_THREADS=8
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export NCCL_ASYNC_ERROR_HANDLING=1
 export PYTHONUNBUFFERED=1
+# The ranks' heartbeats follow the watchdog's timeout (hpc_train/rank/heartbeat.py).
+export HPC_TRAIN_HANG_TIMEOUT_S=900
 export NCCL_IB_HCA=mlx5_0:1
 export NCCL_SOCKET_IFNAME='^docker,lo'
 
@@ -66,13 +68,13 @@ export HPC_TRAIN_RUN_DIR="$RUN_DIR"
 # The run's state, one line per change (hpc_train/runs/rundir.py reads them for `hpc-train status`): this
 # launch started here, and the exit block below records how it ended.
 run_event() {  # run_event EVENT [EXIT_CODE]
-    printf '{"event": "%s", "writer": "launcher", "instance": "slurm:%s.%s", "restart": %s, "job_id": "%s", "exit_code": %s, "time": "%s"}\n' \
+    printf '{"event": "%s", "writer": "launcher", "instance": "slurm:%s.%s", "restart": %s, "job_id": "%s", "exit_code": %s, "host": "%s", "nodes": "%s", "time": "%s"}\n' \
         "$1" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_ID" "${2:-null}" \
-        "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" >> "$RUN_DIR/state.jsonl"
+        "$(hostname -s)" "$SLURM_JOB_NODELIST" "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" >> "$RUN_DIR/state.jsonl"
 }
 run_event running
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_6E7EE8ADA1DC'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_0A2167CB6C4B'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -104,6 +106,9 @@ slurm:
   signal_delay_s: 120
   requeue: true
   max_requeues: 3
+  hang_timeout_s: 900
+  hang_action: fail
+  exclude_bad_nodes: true
   gpu_flag: null
   gres_name: gpu
   cpu_bind: null
@@ -227,13 +232,24 @@ train:
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_6E7EE8ADA1DC
+HPC_TRAIN_JOB_0A2167CB6C4B
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then
     ln -sfn "$batch_log" "$RUN_DIR/logs/batch.log"
 fi
 echo "hpc-train: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, run dir $RUN_DIR"
+# A requeued attempt: the node that ended the previous one is excluded (slurm.exclude_bad_nodes); an attempt that
+# landed on an excluded node updates the job's ExcNodeList and requeues itself.
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || [ -s "$RUN_DIR/excluded_nodes.json" ]; then
+    set +e
+    "$PYTHON" -u -m hpc_train.slurm.watchdog start-check "$RUN_DIR"
+    check_status=$?
+    set -e
+    if [ "$check_status" -eq 125 ]; then
+        exit 0
+    fi
+fi
 
 # --- rendezvous --------------------------------------------------------------------------------
 # Computed once here, on the first node (where the batch shell runs), and exported to every rank:
@@ -270,11 +286,36 @@ echo "hpc-train: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 # submitit's _submit finds its job environment through this variable.
 export SUBMITIT_EXECUTOR=slurm
 set +e
+# The step runs in the background, beside the watchdog (below): a function, so the srun lines stay as they are.
+launch_step() {
 srun --kill-on-bad-exit=1 --wait=60 \
     --ntasks-per-node=8 --cpus-per-task=8 \
     --unbuffered --output=/shared/project/runs/cifar100-lt/.submitit/%j_%t_log.out --error=/shared/project/runs/cifar100-lt/.submitit/%j_%t_log.err \
     python -u -m submitit.core._submit /shared/project/runs/cifar100-lt/.submitit
-status=$?
+}
+launch_step &
+srun_pid=$!
+# The watchdog (hpc_train/slurm/watchdog.py): when no rank has advanced for slurm.hang_timeout_s=900 s
+# after its first heartbeat, it dumps the ranks' stacks into their logs, names the rank that stopped first and
+# its host, ends the step and records the run failed.
+"$PYTHON" -u -m hpc_train.slurm.watchdog watch "$RUN_DIR" "$srun_pid" &
+watchdog_pid=$!
+while true; do
+    wait "$srun_pid"
+    status=$?
+    kill -0 "$srun_pid" 2>/dev/null || break
+done
+# The step has ended: stop the watchdog (it finishes first when it is the one that ended the step).
+kill -TERM "$watchdog_pid" 2>/dev/null || true
+wait "$watchdog_pid"
+watchdog_status=$?
+if [ "$watchdog_status" -eq 125 ]; then
+    echo "hpc-train: the watchdog ended the hung step and requeued the job"
+    exit 0
+fi
+if [ "$watchdog_status" -eq 124 ]; then
+    status=124
+fi
 set -e
 echo "hpc-train: srun exited with status $status"
 # srun reports how the ranks ended, not why: a run that checkpointed on the signal but may not requeue

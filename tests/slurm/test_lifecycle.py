@@ -78,7 +78,8 @@ def steps_per_epoch(run_dir: Path) -> int:
 
 def metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [json.loads(line) for line in path.read_text().splitlines()  # evaluations (not the ranks' compute times)
+            if line.strip() and '"record": ' not in line] if path.exists() else []
 
 
 def rank_records(run_dir: Path) -> list[dict]:

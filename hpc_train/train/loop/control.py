@@ -14,6 +14,7 @@ agreement at all.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
 import torch
@@ -42,10 +43,13 @@ class Flags:
 
 class Agreement:
     """The OR of every rank's :class:`Flags` (see the module docstring). ``distributed``: a default
-    process group is up; a gloo group of all ranks is made for the flags."""
+    process group is up; a gloo group of all ranks is made for the flags, with the job's
+    ``train.process_group_timeout_s`` (``new_group`` does not take the default group's timeout: without it a
+    rank that stopped left the others in this group's collectives for torch's default of 30 minutes)."""
 
-    def __init__(self, distributed: bool) -> None:
-        self.group = dist.new_group(backend="gloo") if distributed else None
+    def __init__(self, distributed: bool, timeout_s: float | None = None) -> None:
+        timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
+        self.group = dist.new_group(backend="gloo", timeout=timeout) if distributed else None
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
 
     def _start(self, flags: Flags) -> tuple[dist.Work, torch.Tensor]:

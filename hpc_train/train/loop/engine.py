@@ -38,6 +38,7 @@ from ..model.losses import build_loss
 from ..model.models import LongTailNet, init_model
 from ..model.plugins import capture_check_required
 from ..observe import report
+from ..observe.pulse import Pulse
 from ..observe.evaluation import Evaluator, Head
 from ..state import checkpoint as ckpt
 from ..state.best_held_out import BestHeldOut
@@ -94,7 +95,7 @@ class Trainer:
         if t.compile:
             graphs.set_compile_cache(t)
         self.state = StepState.on(self.device)
-        self.agreement = Agreement(ctx.distributed)
+        self.agreement = Agreement(ctx.distributed, timeout_s=t.process_group_timeout_s)
         self.checkpointer = Checkpointer(run_dir, self.device, keep=t.keep_checkpoints, writer=ctx.is_main,
                                          train_state=self)
         self.best_held_out = BestHeldOut(run_dir, self.checkpointer, self.agreement.barrier, is_main=ctx.is_main)
@@ -108,6 +109,7 @@ class Trainer:
         self.plan: EpochPlan | None = None
         self._next_tables: dict[tuple[str, int], dict] = {}
         self.runner: graphs.CapturedSteps | None = None
+        self.pulse = Pulse(ctx, self.agreement.group)  # heartbeats, compute times per rank (observe/pulse.py)
 
         self.epoch = 0
         self.step_in_epoch = 0
@@ -227,6 +229,7 @@ class Trainer:
             t, self.model, self.ctx, captured=self.captured, criterion=criterion, optimizer=self.optimizer,
             state=self.state, counts=self.counts, autocast=self._autocast, scaler=self.scaler, main=phase == "main",
             images=self.feed.train_images() if self.data.in_memory else None)
+        self.pulse.attach(getattr(self.train_model, "_orig_mod", self.train_model))  # the DDP model under compile
         self.plan = None  # the plan's shapes are the phase's
         self.runner = graphs.CapturedSteps(self.step, self.device, agree=self.agreement.agree_all,
                                            before_capture=self.checkpointer.wait,
@@ -283,6 +286,7 @@ class Trainer:
         self.progress.record(self.state.loss, self.state.nonfinite, None, f"epoch {self.epoch} (its end)")
         self.progress.flush(wait=True)  # the epoch's last steps too: a non-finite loss stops the run here at the latest
         flags = self.agreement.now(self._my_flags())
+        self.pulse.epoch_end(self)
         if flags.nonfinite:
             self._stop_nonfinite()
         end_of_phase = self.epoch in (t.epochs, self.total_epochs)
@@ -344,6 +348,7 @@ class Trainer:
             self.progress.flush(wait=False)
         if self.global_step % t.preempt_check_every_steps == 0:
             flags = self.agreement.poll(self._my_flags())
+            self.pulse.beat(self)
             if flags.nonfinite:
                 self._stop_nonfinite()
             if flags.stop:
@@ -365,10 +370,9 @@ class Trainer:
 
     def _stop_nonfinite(self) -> None:
         where = self.progress.nonfinite_at or "on another rank"
-        message = (
-            f"the training loss is not finite (nan or inf), first seen at {where}; stopped after "
-            f"{self.global_step} optimizer steps (checkpoints in {self.run_dir} predate it). Lower train.optim.lr "
-            "(or lengthen its warm-up), use amp bf16 rather than fp16, or check the data")
+        message = (f"the training loss is not finite (nan or inf), first seen at {where}; stopped after "
+                   f"{self.global_step} optimizer steps (checkpoints in {self.run_dir} predate it). Lower "
+                   "train.optim.lr (or lengthen its warm-up), use amp bf16 rather than fp16, or check the data")
         self._write_status(rundir.FAILED, exit_code=rundir.EXIT_FAILED, reason=message)
         raise report.NonFiniteLoss(message)
 
@@ -398,6 +402,7 @@ class Trainer:
         if wait:
             self.checkpointer.wait()
             self.agreement.barrier()
+        self.pulse.beat(self, "checkpoint")
         return path
 
     # ------------------------------------------------------------------------------------------
@@ -413,6 +418,7 @@ class Trainer:
 
     def evaluate_and_record(self) -> dict[str, Any]:
         before = self.evaluator.images
+        self.pulse.beat(self, "eval")
         self.clock.start("eval")
         record = self.evaluator.evaluate_and_record(epoch=self.epoch, total_epochs=self.total_epochs,
                                                     global_step=self.global_step, phase=self.phase,
@@ -423,19 +429,16 @@ class Trainer:
         return record
 
     def _finish(self, tau_record: dict[str, Any] | None) -> dict[str, Any]:
-        timing = self.clock.timing(self.total_epochs - self._first_epoch)
-        timing["cuda_graphs"] = {"on": self.captured, "reason": self.graphs_reason,
-                                 "captured": sorted(self.runner.graphs) if self.runner else [],
-                                 "fell_back": self.runner.failed if self.runner else None}
-        if self.cfg.compile:
-            timing["compiled_graphs"] = graphs.compiled_graphs()
-        timing["checkpoint_stall_ms_max"] = round(1000 * max(self.checkpointer.stall_s, default=0.0), 2)
+        timing = {**self.clock.timing(self.total_epochs - self._first_epoch),
+                  **graphs.graph_facts(self.captured, self.graphs_reason, self.runner, compiled=self.cfg.compile),
+                  "checkpoint_stall_ms_max": round(1000 * max(self.checkpointer.stall_s, default=0.0), 2)}
         summary = report.finish(run_dir=self.run_dir, data_name=self.data.name, num_classes=self.data.num_classes,
                                 total_epochs=self.total_epochs, global_step=self.global_step,
                                 world_size=self.ctx.world_size, counts=self.counts, best=self.best, last=self.last,
                                 best_on_test=self.evaluator.best_on_test,
                                 tau_record=tau_record, timing=timing, is_main=self.ctx.is_main)
         self._write_status(rundir.COMPLETED, exit_code=rundir.EXIT_OK)
+        self.pulse.beat(self, "done", force=True)
         return summary
 
     def _write_status(self, state: str, exit_code: int | None = None, **extra: Any) -> None:

@@ -187,3 +187,13 @@ class CapturedSteps:
         log.info("cuda_graphs: captured the %s-batch step after %d eager steps", kind, WARMUP_STEPS)
         graph.replay()
         self.replays[kind] += 1
+
+
+def graph_facts(captured: bool, reason: str, runner: CapturedSteps | None, *, compiled: bool) -> dict[str, Any]:
+    """The run summary's record of CUDA graphs (on, why, which shapes, a fallback) and of compiled graphs."""
+    facts: dict[str, Any] = {"cuda_graphs": {"on": captured, "reason": reason,
+                                             "captured": sorted(runner.graphs) if runner else [],
+                                             "fell_back": runner.failed if runner else None}}
+    if compiled:
+        facts["compiled_graphs"] = compiled_graphs()
+    return facts

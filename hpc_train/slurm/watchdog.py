@@ -1,0 +1,330 @@
+"""The batch script's watchdog, ``python -m hpc_train.slurm.watchdog`` (templates/partials/watchdog_*.j2), and the
+bad-node list of a run. Torch-free and submitit-free: it runs in the batch shell, beside the training step.
+
+``watch RUN_DIR SRUN_PID``: while the step runs, read the ranks' heartbeats (:mod:`hpc_train.runs.heartbeats`).
+When no rank has advanced for ``slurm.hang_timeout_s``: a diagnostic step (``srun --overlap``, one task per
+node: ``probe``) reads each rank's process state on its node, has every rank that can still run dump its
+Python stacks into its log (the faulthandler signal; py-spy too when installed) and reports back; the watchdog
+names the rank(s) that stopped first and their host in the batch log, copies the stacks there, kills the
+training step (``scancel --signal=KILL`` of its steps) and either records the run ``failed`` (exit
+:data:`~hpc_train.runs.rundir.EXIT_HUNG`) or, with ``slurm.hang_action: requeue`` and requeues left, adds the
+hung rank's node to the run's excluded nodes and requeues the job
+(:data:`~hpc_train.runs.rundir.EXIT_HANG_REQUEUED`; the batch script then exits 0).
+
+Excluding a node: ``scontrol update ExcNodeList`` works only on a pending job, so a running one does
+``scontrol requeuehold`` (Slurm ends this attempt and gives the batch shell ``KillWait`` seconds), then the update,
+then ``scontrol release`` — measured on the test cluster, well under a second.
+
+``start-check RUN_DIR``: a requeued attempt (``SLURM_RESTART_COUNT`` > 0) first adds the node that ended the
+previous attempt when nothing could record it (Slurm said NODE_FAIL: the node the batch log names, else that
+attempt's batch host), and when it landed on a listed node, updates the exclusion and requeues itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..hostlist import expand
+from ..local import watchdog as local_watchdog
+from ..runs import heartbeats, rundir
+
+EXCLUDED_NODES = "excluded_nodes.json"
+PROBE_TIMEOUT_S = 60.0
+_acting = False
+
+
+def _say(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} hpc-train: watchdog: {text}", flush=True)
+
+
+def _run(argv: Sequence[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(list(argv), 1, "", str(exc))
+
+
+# --------------------------------------------------------------------------------------------------
+# The bad-node list (in the run directory: it survives requeues)
+# --------------------------------------------------------------------------------------------------
+
+def excluded(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's excluded nodes, oldest first: ``{"node", "reason", "job_id", "restart", "time"}`` each."""
+    try:
+        data = json.loads((run_dir / EXCLUDED_NODES).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [e for e in data.get("nodes", []) if isinstance(e, dict) and e.get("node")] if isinstance(data, dict) else []
+
+
+def excluded_names(run_dir: Path) -> list[str]:
+    return list(dict.fromkeys(str(e["node"]) for e in excluded(run_dir)))
+
+
+def _partition_nodes(partition: str) -> list[str]:
+    out = _run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N"])
+    return sorted({line.strip() for line in out.stdout.splitlines() if line.strip()}) if out.returncode == 0 else []
+
+
+def add_excluded(run_dir: Path, node: str, reason: str, environ: dict[str, str] | None = None) -> bool:
+    """Add ``node`` to the list, unless that would leave the partition fewer nodes than the job needs (it would
+    pend forever): then it says so and adds nothing."""
+    env = os.environ if environ is None else environ
+    names = excluded_names(run_dir)
+    if node in names:
+        return True
+    needed = int(env.get("SLURM_JOB_NUM_NODES") or 1)
+    partition = env.get("SLURM_JOB_PARTITION") or ""
+    pool = _partition_nodes(partition) if partition else []
+    if pool and len([n for n in pool if n not in names and n != node]) < needed:
+        _say(f"not excluding {node}: only {len(pool) - len(names) - 1} node(s) of partition {partition} would remain "
+             f"for a job of {needed} node(s)")
+        return False
+    entries = excluded(run_dir) + [{"node": node, "reason": reason, "job_id": env.get("SLURM_JOB_ID"),
+                                    "restart": int(env.get("SLURM_RESTART_COUNT") or 0), "time": rundir.now()}]
+    rundir.write_json_atomic(run_dir / EXCLUDED_NODES, {"nodes": entries})
+    _say(f"excluded node {node} from this job's next attempts ({reason})")
+    return True
+
+
+def requeue_excluding(run_dir: Path, job_id: str) -> tuple[bool, str]:
+    """requeuehold, ``ExcNodeList`` = the run's list (with the job's own exclusions), release (module docstring)."""
+    held = _run(["scontrol", "requeuehold", job_id])
+    if held.returncode != 0:
+        return False, f"scontrol requeuehold {job_id} failed: {(held.stderr or held.stdout).strip()}"
+    shown = _run(["scontrol", "show", "job", job_id]).stdout
+    own = next((w.split("=", 1)[1] for w in shown.split() if w.startswith("ExcNodeList=")), "(null)")
+    names = list(dict.fromkeys([*(expand(own) if own not in ("", "(null)") else []), *excluded_names(run_dir)]))
+    message = f"requeued job {job_id}"
+    if names:
+        updated = _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"])
+        message += (f", excluding {','.join(names)}" if updated.returncode == 0 else
+                    f" (ExcNodeList not updated: {(updated.stderr or updated.stdout).strip()})")
+    released = _run(["scontrol", "release", job_id])
+    if released.returncode != 0:
+        message += f"; scontrol release failed: {(released.stderr or released.stdout).strip()}"
+    return True, message
+
+
+# --------------------------------------------------------------------------------------------------
+# probe: one task per node, reading and dumping the ranks of its node
+# --------------------------------------------------------------------------------------------------
+
+def _probe_file(run_dir: Path, instance: str, host: str) -> Path:
+    return run_dir / rundir.RANKS_DIR / f"probe-{instance.replace(':', '-')}-{host}.json"
+
+
+def probe(run_dir: Path, instance: str) -> int:
+    """``probe RUN_DIR INSTANCE`` (a task of the diagnostic step): what each rank of this node showed, in a file
+    of the run directory (not on stdout: srun splits long lines of several tasks into each other)."""
+    host = socket.gethostname()
+    beats = {r: b for r, b in heartbeats.read_beats(run_dir, instance).items() if b.host == host}
+    logs = rank_logs(run_dir)
+    probes = local_watchdog.probe_ranks({r: b.pid for r, b in beats.items()}, lambda r: logs(r), host=host)
+    rundir.write_json_atomic(_probe_file(run_dir, instance, host), [
+        {"rank": p.rank, "host": p.host, "pid": p.pid, "state": p.state, "stacks": p.stacks, "py_spy": p.py_spy}
+        for p in probes])
+    return 0
+
+
+def rank_logs(run_dir: Path):
+    """Where rank R's stderr goes: the run record's ``rank_err`` (submitit's form), else its own logs."""
+    try:
+        logs = json.loads((run_dir / rundir.RUN_JSON).read_text()).get("logs", {})
+    except (OSError, ValueError):
+        logs = {}
+    pattern = logs.get("rank_err") or logs.get("rank_out") or str(run_dir / rundir.RANK_LOG)
+    return lambda rank: Path(pattern.format(rank=rank))
+
+
+def _probe_all(run_dir: Path, instance: str, beats: dict[int, heartbeats.Beat]) -> list[local_watchdog.Probe]:
+    env = os.environ
+    argv = ["srun", "--overlap", f"--jobid={env.get('SLURM_JOB_ID', '')}", f"--nodes={env.get('SLURM_JOB_NUM_NODES', 1)}",
+            "--ntasks-per-node=1", "--cpus-per-task=1", "--kill-on-bad-exit=0", "--wait=0", sys.executable, "-u",
+            "-m", "hpc_train.slurm.watchdog", "probe", str(run_dir), instance]
+    out = _run(argv, PROBE_TIMEOUT_S)
+    found: dict[int, local_watchdog.Probe] = {}
+    for host in {b.host for b in beats.values()}:
+        try:
+            answers = json.loads(_probe_file(run_dir, instance, host).read_text())
+        except (OSError, ValueError):
+            continue
+        for d in answers:
+            found[int(d["rank"])] = local_watchdog.Probe(int(d["rank"]), d["host"], int(d["pid"]), d["state"],
+                                                         d.get("stacks") or "", d.get("py_spy"))
+    if out.returncode != 0 or not found:
+        _say(f"the diagnostic step exited {out.returncode}: {(out.stderr or '').strip()[-300:]}")
+    for rank, beat in beats.items():  # a node that did not answer: its ranks are named so
+        found.setdefault(rank, local_watchdog.Probe(rank, beat.host, beat.pid, "unreachable"))
+    return [found[r] for r in sorted(found)]
+
+
+# --------------------------------------------------------------------------------------------------
+# watch: the loop beside the training step
+# --------------------------------------------------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _on_term(_signum: int, _frame: object) -> None:
+    if not _acting:  # the step ended and the batch script stops the watch: nothing to do
+        os._exit(0)
+
+
+def _kill_step(job_id: str, srun_pid: int) -> None:
+    """SIGKILL to the job's steps (never the batch shell), then wait for srun to return."""
+    steps = _run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"]).stdout.split()
+    for step in steps:
+        if step.rsplit(".", 1)[-1].isdigit():
+            _run(["scancel", "--signal=KILL", step])
+    deadline = time.monotonic() + 60
+    while _alive(srun_pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _watch_loop(run_dir: Path, srun_pid: int, spec: Any, instance: str) -> heartbeats.Watch | None:
+    s = spec.slurm
+    watch = heartbeats.Watch(s.world_size, s.hang_timeout_s, instance)
+    poll_s = min(5.0, max(0.5, s.hang_timeout_s / 20))
+    while _alive(srun_pid):
+        watch.update(heartbeats.read_beats(run_dir, instance))
+        if watch.hung():
+            return watch
+        time.sleep(poll_s)
+    return None
+
+
+def watch(run_dir: Path, srun_pid: int) -> int:
+    """``watch RUN_DIR SRUN_PID`` (module docstring); 0 when the step ended by itself."""
+    global _acting
+    from ..config import read_text_file, spec_from_yaml_text
+
+    signal.signal(signal.SIGTERM, _on_term)
+    spec = spec_from_yaml_text(read_text_file(run_dir / rundir.JOB_YAML), str(run_dir / rundir.JOB_YAML))
+    instance, restart = rundir.instance_of()
+    found = _watch_loop(run_dir, srun_pid, spec, instance)
+    if found is None:
+        return 0
+    _acting = True
+    now = time.monotonic()
+    probes = _probe_all(run_dir, instance, found.beats)
+    ranks = local_watchdog.suspects(probes, found)
+    reason = local_watchdog.hang_reason(ranks, found, probes, now, {p.rank: p.host for p in probes})
+    _say(reason)
+    for line in local_watchdog.stack_lines(probes):
+        _say(line)
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    _kill_step(job_id, srun_pid)
+    _say("ended the training step")
+    return _decide(run_dir, spec, instance, restart, reason, {found.beats[r].host for r in ranks if r in found.beats})
+
+
+def _decide(run_dir: Path, spec: Any, instance: str, restart: int, reason: str, hosts: set[str]) -> int:
+    s = spec.slurm
+    from ..rank.preempt import requeue_job_id
+
+    job_id = requeue_job_id() or ""
+    if s.hang_action == "requeue" and restart < s.max_requeues and job_id:
+        if s.exclude_bad_nodes and len(hosts) == 1:
+            add_excluded(run_dir, next(iter(hosts)), reason)
+        rundir.append_event(run_dir, rundir.REQUEUED, writer="watchdog", instance=instance, restart=restart,
+                            exit_code=rundir.EXIT_HANG_REQUEUED, reason=reason)
+        ok, message = requeue_excluding(run_dir, job_id)
+        _say(message)
+        if ok:
+            return rundir.EXIT_HANG_REQUEUED
+    elif s.hang_action == "requeue":
+        reason += f" (not requeued: restart {restart} of at most {s.max_requeues})"
+    rundir.append_event(run_dir, rundir.FAILED, writer="watchdog", instance=instance, restart=restart,
+                        exit_code=rundir.EXIT_HUNG, reason=reason)
+    return rundir.EXIT_HUNG
+
+
+# --------------------------------------------------------------------------------------------------
+# start-check: a requeued attempt and the node that ended the previous one
+# --------------------------------------------------------------------------------------------------
+
+def _previous_attempt(run_dir: Path, restart: int) -> tuple[list[dict[str, Any]], str]:
+    """The state lines of the previous attempt of this job, and its instance id."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    instance = f"slurm:{job}.{restart - 1}"
+    return [e for e in rundir.read_events(run_dir) if e.get("instance") == instance], instance
+
+
+def _node_failure(run_dir: Path, restart: int) -> tuple[str, str] | None:
+    """(node, reason) when the previous attempt ended without a word from its batch shell and Slurm says a node
+    failed: the node its batch log names, else its batch host."""
+    events, _ = _previous_attempt(run_dir, restart)
+    if not events or any(e.get("event") in (rundir.EXIT, rundir.REQUEUED) for e in events):
+        return None
+    job = os.environ.get("SLURM_JOB_ID", "")
+    acct = _run(["sacct", "-n", "-P", "-X", "-D", "-j", job, "-o", "JobID,State,NodeList"]).stdout.splitlines()
+    ended = [line.split("|") for line in acct if line.count("|") == 2 and not line.split("|")[1].startswith("RUNNING")]
+    if not ended or not ended[-1][1].startswith("NODE_FAIL"):
+        return None
+    named = _named_in_batch_log(run_dir)
+    started = next((e for e in events if e.get("event") == rundir.RUNNING and e.get("writer") == "launcher"), {})
+    node = named or started.get("host") or (expand(ended[-1][2]) or [""])[0]
+    return (node, f"NODE_FAIL of attempt {restart - 1}") if node else None
+
+
+def _named_in_batch_log(run_dir: Path) -> str | None:
+    try:
+        text = (run_dir / rundir.BATCH_LOG).read_text(errors="replace")[-200_000:]
+    except OSError:
+        return None
+    for line in reversed(text.splitlines()):
+        if "Node failure on " in line:
+            return line.rsplit("Node failure on ", 1)[1].split()[0].strip(":,")
+    return None
+
+
+def start_check(run_dir: Path) -> int:
+    """``start-check RUN_DIR`` (module docstring): 0 to go on, EXIT_HANG_REQUEUED when it requeued itself."""
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if restart > 0:
+        failed = _node_failure(run_dir, restart)
+        if failed:
+            add_excluded(run_dir, *failed)
+    listed = set(excluded_names(run_dir))
+    here = [n for n in expand(os.environ.get("SLURM_JOB_NODELIST", "")) if n in listed]
+    if not here:
+        return 0
+    from ..rank.preempt import requeue_job_id
+
+    instance, restart = rundir.instance_of()
+    reason = f"landed on excluded node(s) {','.join(here)}"
+    rundir.append_event(run_dir, rundir.REQUEUED, writer="watchdog", instance=instance, restart=restart, reason=reason)
+    ok, message = requeue_excluding(run_dir, requeue_job_id() or "")
+    _say(f"{reason}: {message}")
+    return rundir.EXIT_HANG_REQUEUED if ok else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 3 and args[0] == "watch":
+        return watch(Path(args[1]), int(args[2]))
+    if len(args) == 3 and args[0] == "probe":
+        return probe(Path(args[1]), args[2])
+    if len(args) == 2 and args[0] == "start-check":
+        return start_check(Path(args[1]))
+    print("usage: python -m hpc_train.slurm.watchdog watch RUN_DIR SRUN_PID | probe RUN_DIR INSTANCE | "
+          "start-check RUN_DIR", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
