@@ -19,7 +19,7 @@ ModelName = Literal[
     "resnext50_32x4d", "resnext101_32x8d",
 ]  # fmt: skip
 LossName = Literal["ce", "focal", "ldam", "balanced_softmax", "logit_adjusted", "label_aware_smoothing",
-                   "sigmoid_focal"]
+                   "sigmoid_focal", "softmax_bce"]
 SamplerName = Literal["instance", "class_balanced", "sqrt", "progressive", "class_aware"]
 PLUGIN_HINT = "or a plug-in 'package.module:function' (docs/training.md, Plug-ins)"
 """Data set, model and loss may also be a plug-in of the user's own, named by its import path."""
@@ -107,7 +107,9 @@ class LossConfig:
     name: str = "ce"
     """``ce``, ``focal``, ``ldam``, ``balanced_softmax`` (logits + log n_c), ``logit_adjusted`` (logits +
     τ log π_c), ``label_aware_smoothing`` (MiSLAS), ``sigmoid_focal`` (per-class sigmoid focal loss, Cui et al.;
-    with ``reweight: class_balanced`` their CB focal loss) (:data:`LossName`), or a plug-in
+    with ``reweight: class_balanced`` their CB focal loss), ``softmax_bce`` (binary cross-entropy of the softmax
+    probabilities, averaged over batch x classes: weight balancing's stage-2 CB loss with ``reweight:
+    class_balanced``) (:data:`LossName`), or a plug-in
     ``package.module:function`` called as ``function(counts=..., **args)`` returning ``loss(logits, target) ->
     per-sample values``."""
     args: Mapping[str, Any] = field(default_factory=dict)
@@ -133,8 +135,9 @@ class LossConfig:
     """What the softmax cross-entropy losses (``ce``, ``ldam``, ``balanced_softmax``, ``logit_adjusted``,
     ``label_aware_smoothing``, plug-ins) divide the global batch's summed loss by: the summed class weights of its
     targets (``weight_sum``: ``F.cross_entropy(weight=w)``, LDAM-DRW) or its size (``batch_size``: Cui et al.'s
-    class-balanced softmax, TensorFlow's default reduction). Equal without class weights. ``focal`` and
-    ``sigmoid_focal`` are batch means in their references and always divide by the batch size."""
+    class-balanced softmax, TensorFlow's default reduction). Equal without class weights. ``focal``,
+    ``sigmoid_focal`` and ``softmax_bce`` are batch means in their references and always divide by the batch
+    size."""
     smooth_head: float = bounded(0.4, low=0, high=1)
     """``label_aware_smoothing``: the smoothing ε of the most frequent class (MiSLAS's CIFAR-100-LT IF 100
     config: 0.4; CIFAR-10-LT: 0.3)."""

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-LOSSES = ("ce", "focal", "ldam", "balanced_softmax", "logit_adjusted", "label_aware_smoothing", "sigmoid_focal")
+LOSSES = ("ce", "focal", "ldam", "balanced_softmax", "logit_adjusted", "label_aware_smoothing", "sigmoid_focal",
+          "softmax_bce")
 """Every built-in loss (tests/train/test_world_size.py checks this is all of config.LossName)."""
 
 
