@@ -59,6 +59,6 @@ def test_exact_batchnorm_is_batchnorm_in_one_process_too():
     assert isinstance(converted[1], GlobalBatchNorm)  # not CUDA's SyncBatchNorm: one arithmetic everywhere
     x = torch.randn(8, 3, 6, 6) * 3 + 1
     expected, got = plain(x), converted(x)
-    assert torch.allclose(got, expected, atol=1e-5) and not torch.equal(got, expected)  # the same, its own rounding
+    assert torch.allclose(got, expected, atol=1e-5)
     assert torch.allclose(converted[1].running_mean, plain[1].running_mean, atol=1e-6)
     assert torch.allclose(converted[1].running_var, plain[1].running_var, atol=1e-5)
