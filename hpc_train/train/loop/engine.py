@@ -68,8 +68,9 @@ class Trainer:
 
         model = init_model(t, data)
         self.batchnorm = batchnorm_decision(t, ctx.world_size)
-        if self.batchnorm.on and (ctx.distributed or self.batchnorm.exact):
-            model = synchronise_batchnorm(model, self.device, exact=self.batchnorm.exact)
+        bn_kernel = self.batchnorm.kernel(ctx.world_size if ctx.distributed else 1, self.device.type)
+        if bn_kernel != "batchnorm":
+            model = synchronise_batchnorm(model, bn_kernel)
             if ctx.is_main:
                 log.info("BatchNorm %s", self.batchnorm.describe())
         model = model.to(self.device)
