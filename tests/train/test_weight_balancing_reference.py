@@ -1,7 +1,7 @@
 """Weight balancing (Alshammari et al., CVPR 2022) against its reference repository's own code,
 ShadeAlsha/LTR-weight-balancing at HEAD e89f292, transcribed here from reading it (file and line cited) and
-compared on random inputs: the stage-2 "CB loss" (``softmax_bce``). The MaxNorm projection itself is in
-test_methods_reference.py."""
+compared on random inputs: the stage-2 "CB loss" (``softmax_bce``) and the ResNet-34 with the CIFAR stem
+(``resnet34_cifar``, which ImbSAM trains too). The MaxNorm projection itself is in test_methods_reference.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 from hpc_train.config import LossConfig  # noqa: E402
 from hpc_train.train.model.losses import build_loss  # noqa: E402
@@ -96,3 +97,49 @@ def test_the_weight_balancing_recipe_trains_stage_two_with_that_loss():
     crt_loss = spec.train.two_stage.crt_loss
     assert (crt_loss.name, crt_loss.reweight, crt_loss.cb_beta) == ("softmax_bce", "class_balanced", 0.9999)
     assert (spec.train.two_stage.crt_lr, spec.train.two_stage.crt_weight_decay) == (0.01, 0.1)  # demo2 l.335-337
+
+
+class _WbResnetEncoder(nn.Module):
+    """utils/network_arch_resnet.py l.17-94 (``ResnetEncoder(34, isPretrained=False, embDimension=C,
+    poolSize=4)``, as demo1/demo2 build it): torchvision's resnet34 (l.48), conv1 replaced by a 3x3 stride-1
+    convolution (l.59), fc by a new nn.Linear(512, C) (l.67); forward (l.73-94) skips the max-pool and
+    average-pools layer4's 4x4 map with avg_pool2d(x, 4)."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        import torchvision
+
+        self.encoder = torchvision.models.resnet34()
+        self.encoder.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        self.encoder.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        e = self.encoder
+        x = e.relu(e.bn1(e.conv1(x)))
+        x = e.layer4(e.layer3(e.layer2(e.layer1(x))))
+        x = F.avg_pool2d(x, 4)
+        return e.fc(x.view(x.size(0), -1))
+
+
+def test_resnet34_cifar_is_weight_balancings_resnet_encoder():
+    from hpc_train.config import ModelConfig
+    from hpc_train.train.model.models import build_model
+
+    torch.manual_seed(0)
+    reference = _WbResnetEncoder(100)
+    torch.manual_seed(0)
+    ours = build_model(ModelConfig(name="resnet34_cifar"), num_classes=100, in_channels=3)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(ours) == count(reference) == 21_328_292
+    # Built in the same order from the same seed: the same initial weights, tensor for tensor (conv1 and the
+    # classifier re-created after torchvision's init, PyTorch's defaults, as the reference re-creates them).
+    theirs = {k.removeprefix("encoder.").replace("fc.", "classifier.", 1) if k.startswith("encoder.fc.")
+              else "backbone." + k.removeprefix("encoder."): v for k, v in reference.state_dict().items()}
+    mine = ours.state_dict()
+    assert theirs.keys() == mine.keys()
+    assert all(torch.equal(theirs[k], mine[k]) for k in mine)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    for train in (True, False):
+        reference.train(train)
+        ours.train(train)
+        assert torch.allclose(ours(x), reference(x), rtol=1e-5, atol=1e-5), train
