@@ -1,7 +1,8 @@
 """Weight balancing (Alshammari et al., CVPR 2022) against its reference repository's own code,
 ShadeAlsha/LTR-weight-balancing at HEAD e89f292, transcribed here from reading it (file and line cited) and
-compared on random inputs: the stage-2 "CB loss" (``softmax_bce``) and the ResNet-34 with the CIFAR stem
-(``resnet34_cifar``, which ImbSAM trains too). The MaxNorm projection itself is in test_methods_reference.py."""
+compared on random inputs: the stage-2 "CB loss" (``softmax_bce``), the ResNet-34 with the CIFAR stem
+(``resnet34_cifar``, which ImbSAM trains too) and when MaxNorm projects. The projection itself is in
+test_methods_reference.py."""
 
 from __future__ import annotations
 
@@ -143,3 +144,42 @@ def test_resnet34_cifar_is_weight_balancings_resnet_encoder():
         reference.train(train)
         ours.train(train)
         assert torch.allclose(ours(x), reference(x), rtol=1e-5, atol=1e-5), train
+
+
+def test_maxnorm_projects_once_per_epoch_after_its_steps(tmp_path):
+    """utils/trainval.py l.140-142: ``pgdFunc.PGD(model)`` once, after an epoch's train phase, not after each
+    step. Seen from the weights each stage-2 step starts from (an optimizer pre-step hook): inside an epoch
+    class vectors grow past the radius (no projection between steps), and every epoch after the first starts
+    within it (the projection at the end of the one before)."""
+    from hpc_train.rank.dist import DistEnv
+    from hpc_train.train.data import datasets
+    from hpc_train.train.loop.context import RankContext
+    from hpc_train.train.loop.engine import Trainer
+
+    from .helpers import DIGITS_QUICK, deep_update, make_spec
+
+    spec = make_spec(deep_update(DIGITS_QUICK, epochs=1, keep_checkpoints=1, two_stage={
+        "crt_epochs": 3, "crt_lr": 0.1, "crt_reinit": False, "crt_max_norm": 0.1, "crt_sampler": "instance"}))
+    ctx = RankContext(env=DistEnv.from_environ(), device=torch.device("cpu"), rank=0, world_size=1, distributed=False)
+    (tmp_path / "run").mkdir()
+    trainer = Trainer(spec, ctx, datasets.load(spec.train.data), tmp_path / "run")
+    starts: list[tuple[int, int, float]] = []  # (epoch, step in epoch, largest class-vector norm)
+    setup_phase = trainer._setup_phase
+
+    def setup_and_watch(phase: str, **kwargs) -> None:
+        setup_phase(phase, **kwargs)
+        if phase == "crt":
+            trainer.optimizer.register_step_pre_hook(lambda *_: starts.append(
+                (trainer.epoch, trainer.step_in_epoch, float(trainer.model.classifier.weight.detach().norm(dim=1).max()))))
+
+    trainer._setup_phase = setup_and_watch
+    trainer.fit()
+    radius = trainer.max_norm.radius
+    assert trainer.steps_per_epoch > 2 and len(starts) == 3 * trainer.steps_per_epoch
+    for epoch in (1, 2, 3):
+        norms = [n for e, _, n in starts if e == epoch]
+        if epoch < 3:  # (the last epoch's cosine lr, stepped per epoch, is 0: nothing moves in it)
+            assert max(norms[1:]) > radius * 1.01, (epoch, radius, norms)  # grown between steps, not projected
+        if epoch > 1:
+            assert norms[0] <= radius * (1 + 1e-6), (epoch, radius, norms)  # projected at the previous epoch's end
+    assert float(trainer.model.classifier.weight.detach().norm(dim=1).max()) <= radius * (1 + 1e-6)
