@@ -331,6 +331,9 @@ def test_imbsam_is_imbalanced_sams_step():
 
     sam = sharpness_aware(cfg, our_opt, COUNTS, torch.device("cpu"), None)
     assert sam.tail_classes.tolist() == [n < eta for n in COUNTS] and sam.tail_weight == 2.0
+    # The boundary: a class with exactly eta images is a head class (l.142: counts < eta).
+    at_eta = sharpness_aware(cfg, _sgd(_net()), [500, eta + 1, eta, eta - 1, 3], torch.device("cpu"), None)
+    assert at_eta.tail_classes.tolist() == [False, False, False, True, True]
     criterion = build_loss(LossConfig(name="ce"), COUNTS)
 
     def terms():
@@ -426,7 +429,7 @@ def test_stage_two_with_maxnorm_weight_decay_and_its_own_loss(tmp_path):
 
 def test_crt_re_creates_the_classifier_as_nn_linear_does(tmp_path):
     # classifier-balancing's cRT builds a new DotProduct_Classifier: nn.Linear(feat_dim, num_classes) with
-    # PyTorch's default init (models/DotProductClassifier.py l.24, create_model l.31-33; config/ImageNet_LT/
+    # PyTorch's default init (models/DotProductClassifier.py l.25, create_model l.31-33; config/ImageNet_LT/
     # cls_crt.yaml: stage1_weights false), std 1/sqrt(3d) — not Kaiming's sqrt(2/d), 2.4 times wider.
     from hpc_train.train.data import datasets
     from hpc_train.train.data.samplers import derive_seed
