@@ -96,6 +96,23 @@ def test_sigmoid_focal_starts_each_class_at_one_over_c():
     assert torch.equal(model.classifier.bias, torch.full((10,), -math.log(9)))
 
 
+def test_a_re_created_stage_two_classifier_for_sigmoid_focal_starts_at_one_over_c(tmp_path):
+    # The same bias init for a classifier cRT re-creates when stage 2's loss is the sigmoid focal loss.
+    from hpc_train.rank.dist import DistEnv
+    from hpc_train.train.data import datasets
+    from hpc_train.train.loop.context import RankContext
+    from hpc_train.train.loop.engine import Trainer
+
+    from .helpers import DIGITS_QUICK, deep_update, make_spec
+
+    spec = make_spec(deep_update(DIGITS_QUICK, epochs=1, two_stage={"crt_epochs": 1, "crt_reinit": True,
+                                                                      "crt_loss": {"name": "sigmoid_focal"}}))
+    ctx = RankContext(env=DistEnv.from_environ(), device=torch.device("cpu"), rank=0, world_size=1, distributed=False)
+    trainer = Trainer(spec, ctx, datasets.load(spec.train.data), tmp_path / "run")
+    trainer._setup_phase("crt", starting=True)
+    assert torch.equal(trainer.model.classifier.bias, torch.full((10,), -math.log(9)))
+
+
 # --------------------------------------------------------------------------------------------------
 # MiSLAS: dvlab-research/MiSLAS (HEAD 0fc381e)
 # --------------------------------------------------------------------------------------------------

@@ -207,7 +207,7 @@ class Trainer:
             if starting:
                 torch.manual_seed(derive_seed("crt", t.seed))
                 self.stage1 = two_stage.begin_stage_two(self.model, reinit=two.crt_reinit, device=self.device,
-                                                        num_classes=self.data.num_classes,
+                                                        num_classes=self.data.num_classes, loss_name=two.crt_loss.name,
                                                         stage1_weights=self._best_held_out_weights())
                 if two.crt_max_norm is not None:
                     self.max_norm = two_stage.MaxNorm.start(self.model.classifier, two.crt_max_norm)
