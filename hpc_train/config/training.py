@@ -204,10 +204,11 @@ class ScheduleConfig:
     """``multistep``: epoch indices where lr is multiplied by ``gamma`` (cumulatively)."""
     gamma: float = 0.1
     """``multistep`` factor per milestone (LDAM-DRW: 0.01 at 160 and again at 180)."""
-    update: Literal["step", "epoch"] = "step"
+    update: Literal["step", "epoch", "epoch_start"] = "step"
     """``cosine``: the lr changes every optimizer step, or once per epoch as classifier-balancing's
-    ``CosineAnnealingLR`` stepped at the start of each epoch (epoch e runs at the rate of e + 1, so
-    the last epoch runs at 0)."""
+    ``CosineAnnealingLR`` stepped at the start of each epoch (``epoch``: epoch e runs at the rate of e + 1,
+    so the last epoch runs at 0), or as MiSLAS sets it (``epoch_start``: epoch e at the rate of e, the first
+    at the full rate)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,8 +239,9 @@ class TwoStageConfig:
     min + t·(max - min) of the classifier's per-class weight norms (t this value; its demo: 0.1), and after
     every stage-2 epoch each class vector longer than the radius is scaled back onto it (the bias is not
     constrained). Unset: off."""
-    crt_lr_update: Literal["step", "epoch"] = "epoch"
-    """When cRT's cosine lr changes (see ``schedule.update``; ``epoch`` is classifier-balancing's)."""
+    crt_lr_update: Literal["step", "epoch", "epoch_start"] = "epoch"
+    """When cRT's cosine lr changes (see ``schedule.update``; ``epoch`` is classifier-balancing's,
+    ``epoch_start`` MiSLAS's)."""
     tau_norm: bool = False
     """τ-normalise the classifier weights (w_c / ||w_c||^τ, bias dropped); τ is picked on the held-out
     split (``data.val_fraction`` or ``data.val_list``) from 0, 0.1, ..., 2, never on test."""

@@ -144,6 +144,31 @@ def test_mislas_label_aware_smoothing(head, tail):
     assert float(plain) != pytest.approx(float(expected), rel=1e-3)  # not vacuous: smoothing matters
 
 
+def _mislas_stage2_lr(epoch: int, num_epochs: int, lr: float, lr_factor: float) -> float:
+    """train_stage2.py l.452-460 (``adjust_learning_rate``, called at the start of each epoch, l.250): the
+    classifier's group (idx 0) at lr_factor x the cosine for epoch e."""
+    lr_min, lr_max = 0, lr
+    cosine = lr_min + 0.5 * (lr_max - lr_min) * (1 + math.cos(epoch / num_epochs * 3.1415926535))
+    return lr_factor * cosine
+
+
+@pytest.mark.parametrize("recipe, lr_factor", [("cifar10_lt_mislas", 0.5), ("cifar100_lt_mislas", 0.2)])
+def test_mislas_stage_two_cosine_is_its_adjust_learning_rate(recipe, lr_factor):
+    # config/cifar{10,100}/*_stage2_mislas.yaml: lr 0.1, lr_factor 0.5 (C10) / 0.2 (C100), 10 epochs.
+    from hpc_train.config import ScheduleConfig, resolve_job
+    from hpc_train.train.loop.schedule import LrSchedule
+
+    from .helpers import REPO
+
+    spec, _ = resolve_job(REPO / "jobs" / f"{recipe}.yaml", sets=[])
+    two = spec.train.two_stage
+    schedule = LrSchedule(ScheduleConfig(name="cosine", update=two.crt_lr_update), two.crt_lr, two.crt_epochs)
+    for epoch in range(two.crt_epochs):
+        want = _mislas_stage2_lr(epoch, 10, 0.1, lr_factor)
+        for step in (0, 7):
+            assert schedule.lr(epoch, step, 20) == pytest.approx(want, rel=1e-9, abs=1e-15), (epoch, step)
+
+
 def _mislas_calibration(true_labels, pred_labels, confidences, num_bins=15):
     """utils/metric.py l.21-79, ``calibration`` (its ``np.float``/``np.int`` spelled as today's numpy needs)."""
     bins = np.linspace(0.0, 1.0, num_bins + 1)
