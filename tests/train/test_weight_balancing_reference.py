@@ -169,8 +169,8 @@ def test_maxnorm_projects_once_per_epoch_after_its_steps(tmp_path):
     def setup_and_watch(phase: str, **kwargs) -> None:
         setup_phase(phase, **kwargs)
         if phase == "crt":
-            trainer.optimizer.register_step_pre_hook(lambda *_: starts.append(
-                (trainer.epoch, trainer.step_in_epoch, float(trainer.model.classifier.weight.detach().norm(dim=1).max()))))
+            trainer.optimizer.register_step_pre_hook(lambda *_: starts.append((
+                trainer.epoch, trainer.step_in_epoch, float(trainer.model.classifier.weight.detach().norm(dim=1).max()))))
 
     trainer._setup_phase = setup_and_watch
     trainer.fit()

@@ -12,8 +12,9 @@
   batch-size normaliser, SAM, ImbSAM, mixup, mixup with SAM and a second stage (fine-tuned classifier,
   MaxNorm, label-aware smoothing, the best held-out snapshot) train the same weights and BatchNorm statistics
   at world sizes 1, 2 and 4 within 1e-5 (:mod:`.world_size_worker`, real torchrun processes, a smooth backbone
-  with synchronised BatchNorm: see its docstring for why — with the CNN a max-pool whose two inputs agree to rounding flips its argmax at one world size and not
-  at the other, and re-weighted losses amplify that discrete difference to 1e-2 in an epoch).
+  with synchronised BatchNorm: see its docstring for why — with the CNN a max-pool whose two inputs agree to
+  rounding flips its argmax at one world size and not at the other, and re-weighted losses amplify that
+  discrete difference to 1e-2 in an epoch).
 """
 
 from __future__ import annotations
