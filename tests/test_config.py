@@ -205,3 +205,27 @@ def test_every_shipped_job_file_is_valid():
     for path in paths:
         spec, _ = resolve_job(path, site=no_site())
         assert spec.name
+
+
+BATCH_MEAN_LOSSES = {"focal", "sigmoid_focal", "softmax_bce"}
+"""Losses whose normaliser is always the batch size (their references' batch means; ``normalise`` does not apply)."""
+
+
+def test_every_weighted_shipped_recipe_names_its_normaliser():
+    # Issue 20 B.4: Σw (LDAM-DRW's weighted CE) and the batch size (Cui et al.) are two published forms; a
+    # recipe with class weights says which one it trains with, not the default by silence.
+    import yaml
+
+    from hpc_train.resources import jobs_dir
+
+    unnamed, weighted = [], 0
+    for path in sorted(jobs_dir().glob("*.yaml")):
+        train = yaml.safe_load(path.read_text())["train"]
+        sections = {"loss": train.get("loss", {}), "crt_loss": train.get("two_stage", {}).get("crt_loss", {})}
+        for key, loss in sections.items():
+            if loss.get("reweight", "none") == "none" and loss.get("drw_epoch") is None:
+                continue
+            weighted += 1
+            if loss.get("name", "ce") not in BATCH_MEAN_LOSSES and "normalise" not in loss:
+                unnamed.append(f"{path.name}: {key}")
+    assert weighted >= 5 and not unnamed, unnamed

@@ -27,6 +27,20 @@ def test_sync_bn_decision(setting, world, batch, on, exact, text):
     assert sync_bn.rule(True, world_size=4, batch_size=128, strategy="dp").on is False
 
 
+# The lead's decision (review of issue 20, finding 7): CUDA keeps its fused SyncBatchNorm for sync_bn: true at
+# world size > 1 and PyTorch's BatchNorm in one process; the one arithmetic at every world size is the CPU ranks'.
+@pytest.mark.parametrize("setting, world, device, kernel", [
+    (True, 1, "cuda", "batchnorm"), (True, 2, "cuda", "fused"), (True, 4, "cuda", "fused"),
+    ("auto", 8, "cuda", "fused"), ("auto", 4, "cuda", "batchnorm"), (False, 8, "cuda", "batchnorm"),
+    (True, 1, "cpu", "global"), (True, 2, "cpu", "global"), (True, 4, "cpu", "global"),
+    ("auto", 8, "cpu", "global"), ("auto", 1, "cpu", "batchnorm"), ("auto", 4, "cpu", "batchnorm"),
+    (False, 8, "cpu", "batchnorm"),
+])
+def test_batchnorm_kernel_by_device_and_world_size(setting, world, device, kernel):
+    decision = sync_bn.rule(setting, world_size=world, batch_size=128)
+    assert decision.kernel(world, device) == kernel
+
+
 def test_render_shows_the_batchnorm_decision():
     runner = CliRunner()
     job = str(JOBS / "cifar10_lt_ldam_drw.yaml")
@@ -35,7 +49,7 @@ def test_render_shows_the_batchnorm_decision():
     four = runner.invoke(cli, ["render", job, "--gpus", "4"]).stdout
     assert "# BatchNorm: per rank (sync_bn: auto, 32 images per rank >= 32)" in four
     forced = runner.invoke(cli, ["render", job, "--gpus", "2", "--set", "train.sync_bn=true"]).stdout
-    assert ("# BatchNorm: synchronised across ranks, the same arithmetic at every world size (sync_bn: true, "
-            "64 images per rank)") in forced
+    assert ("# BatchNorm: synchronised across ranks, on CPUs the same arithmetic at every world size (sync_bn: "
+            "true, 64 images per rank)") in forced
     bad = runner.invoke(cli, ["render", job, "--set", "train.sync_bn=1"])
     assert bad.exit_code == 2 and "train.sync_bn: must be one of 'auto', True, False, got '1'" in bad.output

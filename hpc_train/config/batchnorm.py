@@ -8,22 +8,26 @@ rank normalises with statistics of fewer images than those recipes assumed, and 
 BatchNorm layer costs little next to such a small per-device step; it uses the fused ``nn.SyncBatchNorm``
 on CUDA.
 
-``true`` promises the same math at every world size, one rank included: every rank (a single process too)
-normalises with the one BatchNorm arithmetic of :class:`hpc_train.train.model.batchnorm.GlobalBatchNorm`
-(``exact``). Another kernel at world size 1 (PyTorch's own) rounds differently, and a rounding difference
-of 1e-7 that flips one max-pool argmax is amplified by re-weighted training to 1e-2 within an epoch.
+``true`` synchronises at every world size > 1. On CPU ranks it also promises one arithmetic at every world
+size, one rank included (``exact``): every rank (a single process too) normalises with
+:class:`hpc_train.train.model.batchnorm.GlobalBatchNorm`. Another kernel at world size 1 (PyTorch's own) rounds
+differently, and a rounding difference of 1e-7 that flips one max-pool argmax is amplified by re-weighted
+training to 1e-2 within an epoch. On CUDA speed comes first (:meth:`SyncBnDecision.kernel`): the fused
+``nn.SyncBatchNorm`` at world size > 1 and PyTorch's BatchNorm in one process, the same statistics with other
+rounding.
 ``false`` never synchronises.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from .training import TrainConfig
 
 AUTO_BELOW_IMAGES = 32
+BatchNormKernel = Literal["batchnorm", "fused", "global"]
 
 
 @dataclass(frozen=True)
@@ -31,12 +35,24 @@ class SyncBnDecision:
     on: bool
     reason: str
     exact: bool = False
-    """The one BatchNorm arithmetic at every world size, one rank included (``sync_bn: true``)."""
+    """On CPU ranks, the one BatchNorm arithmetic at every world size, one rank included (``sync_bn: true``)."""
+
+    def kernel(self, world_size: int, device_type: str) -> BatchNormKernel:
+        """The BatchNorm the ranks run: PyTorch's own (``batchnorm``), CUDA's fused ``nn.SyncBatchNorm``
+        (``fused``) or hpc-train's GlobalBatchNorm (``global``). CUDA synchronises with the fused kernel at
+        world size > 1 and keeps PyTorch's BatchNorm in one process, ``exact`` or not (no unfused kernel on
+        the GPU without a benchmark that pays for it); CPU ranks have no fused kernel and run GlobalBatchNorm
+        where synchronised, in one process too when ``exact``."""
+        if not self.on:
+            return "batchnorm"
+        if device_type == "cuda":
+            return "fused" if world_size > 1 else "batchnorm"
+        return "global" if world_size > 1 or self.exact else "batchnorm"
 
     def describe(self) -> str:
         what = "synchronised across ranks" if self.on else "per rank"
         if self.exact:
-            what += ", the same arithmetic at every world size"
+            what += ", on CPUs the same arithmetic at every world size"
         return f"{what} ({self.reason})"
 
 

@@ -19,7 +19,7 @@ ModelName = Literal[
     "resnext50_32x4d", "resnext101_32x8d",
 ]  # fmt: skip
 LossName = Literal["ce", "focal", "ldam", "balanced_softmax", "logit_adjusted", "label_aware_smoothing",
-                   "sigmoid_focal"]
+                   "sigmoid_focal", "softmax_bce"]
 SamplerName = Literal["instance", "class_balanced", "sqrt", "progressive", "class_aware"]
 PLUGIN_HINT = "or a plug-in 'package.module:function' (docs/training.md, Plug-ins)"
 """Data set, model and loss may also be a plug-in of the user's own, named by its import path."""
@@ -107,7 +107,9 @@ class LossConfig:
     name: str = "ce"
     """``ce``, ``focal``, ``ldam``, ``balanced_softmax`` (logits + log n_c), ``logit_adjusted`` (logits +
     τ log π_c), ``label_aware_smoothing`` (MiSLAS), ``sigmoid_focal`` (per-class sigmoid focal loss, Cui et al.;
-    with ``reweight: class_balanced`` their CB focal loss) (:data:`LossName`), or a plug-in
+    with ``reweight: class_balanced`` their CB focal loss), ``softmax_bce`` (binary cross-entropy of the softmax
+    probabilities, averaged over batch x classes: weight balancing's stage-2 CB loss with ``reweight:
+    class_balanced``) (:data:`LossName`), or a plug-in
     ``package.module:function`` called as ``function(counts=..., **args)`` returning ``loss(logits, target) ->
     per-sample values``."""
     args: Mapping[str, Any] = field(default_factory=dict)
@@ -133,8 +135,9 @@ class LossConfig:
     """What the softmax cross-entropy losses (``ce``, ``ldam``, ``balanced_softmax``, ``logit_adjusted``,
     ``label_aware_smoothing``, plug-ins) divide the global batch's summed loss by: the summed class weights of its
     targets (``weight_sum``: ``F.cross_entropy(weight=w)``, LDAM-DRW) or its size (``batch_size``: Cui et al.'s
-    class-balanced softmax, TensorFlow's default reduction). Equal without class weights. ``focal`` and
-    ``sigmoid_focal`` are batch means in their references and always divide by the batch size."""
+    class-balanced softmax, TensorFlow's default reduction). Equal without class weights. ``focal``,
+    ``sigmoid_focal`` and ``softmax_bce`` are batch means in their references and always divide by the batch
+    size."""
     smooth_head: float = bounded(0.4, low=0, high=1)
     """``label_aware_smoothing``: the smoothing ε of the most frequent class (MiSLAS's CIFAR-100-LT IF 100
     config: 0.4; CIFAR-10-LT: 0.3)."""
@@ -201,10 +204,11 @@ class ScheduleConfig:
     """``multistep``: epoch indices where lr is multiplied by ``gamma`` (cumulatively)."""
     gamma: float = 0.1
     """``multistep`` factor per milestone (LDAM-DRW: 0.01 at 160 and again at 180)."""
-    update: Literal["step", "epoch"] = "step"
+    update: Literal["step", "epoch", "epoch_start"] = "step"
     """``cosine``: the lr changes every optimizer step, or once per epoch as classifier-balancing's
-    ``CosineAnnealingLR`` stepped at the start of each epoch (epoch e runs at the rate of e + 1, so
-    the last epoch runs at 0)."""
+    ``CosineAnnealingLR`` stepped at the start of each epoch (``epoch``: epoch e runs at the rate of e + 1,
+    so the last epoch runs at 0), or as MiSLAS sets it (``epoch_start``: epoch e at the rate of e, the first
+    at the full rate)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,8 +239,9 @@ class TwoStageConfig:
     min + t·(max - min) of the classifier's per-class weight norms (t this value; its demo: 0.1), and after
     every stage-2 epoch each class vector longer than the radius is scaled back onto it (the bias is not
     constrained). Unset: off."""
-    crt_lr_update: Literal["step", "epoch"] = "epoch"
-    """When cRT's cosine lr changes (see ``schedule.update``; ``epoch`` is classifier-balancing's)."""
+    crt_lr_update: Literal["step", "epoch", "epoch_start"] = "epoch"
+    """When cRT's cosine lr changes (see ``schedule.update``; ``epoch`` is classifier-balancing's,
+    ``epoch_start`` MiSLAS's)."""
     tau_norm: bool = False
     """τ-normalise the classifier weights (w_c / ||w_c||^τ, bias dropped); τ is picked on the held-out
     split (``data.val_fraction`` or ``data.val_list``) from 0, 0.1, ..., 2, never on test."""

@@ -96,6 +96,23 @@ def test_sigmoid_focal_starts_each_class_at_one_over_c():
     assert torch.equal(model.classifier.bias, torch.full((10,), -math.log(9)))
 
 
+def test_a_re_created_stage_two_classifier_for_sigmoid_focal_starts_at_one_over_c(tmp_path):
+    # The same bias init for a classifier cRT re-creates when stage 2's loss is the sigmoid focal loss.
+    from hpc_train.rank.dist import DistEnv
+    from hpc_train.train.data import datasets
+    from hpc_train.train.loop.context import RankContext
+    from hpc_train.train.loop.engine import Trainer
+
+    from .helpers import DIGITS_QUICK, deep_update, make_spec
+
+    spec = make_spec(deep_update(DIGITS_QUICK, epochs=1, two_stage={"crt_epochs": 1, "crt_reinit": True,
+                                                                      "crt_loss": {"name": "sigmoid_focal"}}))
+    ctx = RankContext(env=DistEnv.from_environ(), device=torch.device("cpu"), rank=0, world_size=1, distributed=False)
+    trainer = Trainer(spec, ctx, datasets.load(spec.train.data), tmp_path / "run")
+    trainer._setup_phase("crt", starting=True)
+    assert torch.equal(trainer.model.classifier.bias, torch.full((10,), -math.log(9)))
+
+
 # --------------------------------------------------------------------------------------------------
 # MiSLAS: dvlab-research/MiSLAS (HEAD 0fc381e)
 # --------------------------------------------------------------------------------------------------
@@ -125,6 +142,31 @@ def test_mislas_label_aware_smoothing(head, tail):
         assert float(loss(logits, target)) == pytest.approx(float(expected), rel=1e-6)
     plain = build_loss(LossConfig(name="ce"), COUNTS)(logits, target)
     assert float(plain) != pytest.approx(float(expected), rel=1e-3)  # not vacuous: smoothing matters
+
+
+def _mislas_stage2_lr(epoch: int, num_epochs: int, lr: float, lr_factor: float) -> float:
+    """train_stage2.py l.452-460 (``adjust_learning_rate``, called at the start of each epoch, l.250): the
+    classifier's group (idx 0) at lr_factor x the cosine for epoch e."""
+    lr_min, lr_max = 0, lr
+    cosine = lr_min + 0.5 * (lr_max - lr_min) * (1 + math.cos(epoch / num_epochs * 3.1415926535))
+    return lr_factor * cosine
+
+
+@pytest.mark.parametrize("recipe, lr_factor", [("cifar10_lt_mislas", 0.5), ("cifar100_lt_mislas", 0.2)])
+def test_mislas_stage_two_cosine_is_its_adjust_learning_rate(recipe, lr_factor):
+    # config/cifar{10,100}/*_stage2_mislas.yaml: lr 0.1, lr_factor 0.5 (C10) / 0.2 (C100), 10 epochs.
+    from hpc_train.config import ScheduleConfig, resolve_job
+    from hpc_train.train.loop.schedule import LrSchedule
+
+    from .helpers import REPO
+
+    spec, _ = resolve_job(REPO / "jobs" / f"{recipe}.yaml", sets=[])
+    two = spec.train.two_stage
+    schedule = LrSchedule(ScheduleConfig(name="cosine", update=two.crt_lr_update), two.crt_lr, two.crt_epochs)
+    for epoch in range(two.crt_epochs):
+        want = _mislas_stage2_lr(epoch, 10, 0.1, lr_factor)
+        for step in (0, 7):
+            assert schedule.lr(epoch, step, 20) == pytest.approx(want, rel=1e-9, abs=1e-15), (epoch, step)
 
 
 def _mislas_calibration(true_labels, pred_labels, confidences, num_bins=15):
@@ -331,6 +373,9 @@ def test_imbsam_is_imbalanced_sams_step():
 
     sam = sharpness_aware(cfg, our_opt, COUNTS, torch.device("cpu"), None)
     assert sam.tail_classes.tolist() == [n < eta for n in COUNTS] and sam.tail_weight == 2.0
+    # The boundary: a class with exactly eta images is a head class (l.142: counts < eta).
+    at_eta = sharpness_aware(cfg, _sgd(_net()), [500, eta + 1, eta, eta - 1, 3], torch.device("cpu"), None)
+    assert at_eta.tail_classes.tolist() == [False, False, False, True, True]
     criterion = build_loss(LossConfig(name="ce"), COUNTS)
 
     def terms():
@@ -426,7 +471,7 @@ def test_stage_two_with_maxnorm_weight_decay_and_its_own_loss(tmp_path):
 
 def test_crt_re_creates_the_classifier_as_nn_linear_does(tmp_path):
     # classifier-balancing's cRT builds a new DotProduct_Classifier: nn.Linear(feat_dim, num_classes) with
-    # PyTorch's default init (models/DotProductClassifier.py l.24, create_model l.31-33; config/ImageNet_LT/
+    # PyTorch's default init (models/DotProductClassifier.py l.25, create_model l.31-33; config/ImageNet_LT/
     # cls_crt.yaml: stage1_weights false), std 1/sqrt(3d) — not Kaiming's sqrt(2/d), 2.4 times wider.
     from hpc_train.train.data import datasets
     from hpc_train.train.data.samplers import derive_seed

@@ -48,17 +48,27 @@ def test_small_cnn_and_unwrap():
 
 
 def test_exact_batchnorm_is_batchnorm_in_one_process_too():
-    """sync_bn: true converts every BatchNorm to GlobalBatchNorm at every world size, CUDA included (exact), and in
+    """sync_bn: true on CPU ranks converts every BatchNorm to GlobalBatchNorm at every world size (exact), and in
     one process (no process group) it trains as BatchNorm does: batch statistics, running statistics updated
     with the unbiased variance."""
     from hpc_train.train.model.batchnorm import GlobalBatchNorm, synchronise_batchnorm
 
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
-    converted = synchronise_batchnorm(copy.deepcopy(plain), torch.device("cuda"), exact=True)
-    assert isinstance(converted[1], GlobalBatchNorm)  # not CUDA's SyncBatchNorm: one arithmetic everywhere
+    converted = synchronise_batchnorm(copy.deepcopy(plain), "global")
+    assert isinstance(converted[1], GlobalBatchNorm)
     x = torch.randn(8, 3, 6, 6) * 3 + 1
     expected, got = plain(x), converted(x)
-    assert torch.allclose(got, expected, atol=1e-5) and not torch.equal(got, expected)  # the same, its own rounding
+    assert torch.allclose(got, expected, atol=1e-5)
     assert torch.allclose(converted[1].running_mean, plain[1].running_mean, atol=1e-6)
     assert torch.allclose(converted[1].running_var, plain[1].running_var, atol=1e-5)
+
+
+def test_each_batchnorm_kernel_converts_to_its_module():
+    # CUDA at world size > 1: the fused SyncBatchNorm; "batchnorm": PyTorch's own, left as it is.
+    from hpc_train.train.model.batchnorm import GlobalBatchNorm, synchronise_batchnorm
+
+    fused = synchronise_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), "fused")
+    assert type(fused[1]) is nn.SyncBatchNorm
+    kept = synchronise_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), "batchnorm")
+    assert type(kept[1]) is nn.BatchNorm2d and not isinstance(kept[1], GlobalBatchNorm)

@@ -4,11 +4,12 @@ the real torchrun; not collected).
 Every configuration of :data:`CONFIGS` trains the real Trainer on the real digits (imbalance factor 25: 396
 images, 6 global batches of 64 and a short one of 12, so at 4 ranks the last shares are 3 images each) for 3
 epochs — class weights switching on at epoch 1 (DRW) or on from the start, SAM, ImbSAM, mixup, a second
-stage — one after the other in one process group. The backbone is :func:`mlp`, a smooth network without
-BatchNorm, max-pooling or ReLU: nothing in it turns a rounding difference into a discrete one (a max-pool
-whose argmax flips, a ReLU at 0), so what the ranks compute differently — the order of the sums of the
-gradient all-reduce — stays at float rounding, and any difference in the math (a normaliser, a weight, a
-sample, a perturbation, a mixup partner that depends on the world size) shows as orders of magnitude more.
+stage — one after the other in one process group. The backbone is :func:`mlp`, a smooth network with a
+synchronised BatchNorm (``sync_bn: true``) and no max-pooling or ReLU: nothing in it turns a rounding
+difference into a discrete one (a max-pool whose argmax flips, a ReLU at 0), so what the ranks compute
+differently — the order of the sums of the all-reduces — stays at float rounding, and any difference in the
+math (a normaliser, a weight, a sample, a perturbation, a mixup partner, BatchNorm statistics moving twice per
+SAM step or re-estimated in stage 2 that depend on the world size) shows as orders of magnitude more.
 (The CNN with synchronised BatchNorm is checked by the hpc-train train runs of the same test file.)
 Rank 0 saves every configuration's final weights for the test to compare across world sizes.
 """
@@ -24,7 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-LOSSES = ("ce", "focal", "ldam", "balanced_softmax", "logit_adjusted", "label_aware_smoothing", "sigmoid_focal")
+LOSSES = ("ce", "focal", "ldam", "balanced_softmax", "logit_adjusted", "label_aware_smoothing", "sigmoid_focal",
+          "softmax_bce")
 """Every built-in loss (tests/train/test_world_size.py checks this is all of config.LossName)."""
 
 
@@ -50,8 +52,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def mlp(num_classes: int, in_channels: int, width: int = 32) -> nn.Module:
-    """A smooth plug-in backbone: images → tanh(W·x) features (see the module docstring)."""
-    net = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * 64, width), nn.Tanh())
+    """A smooth plug-in backbone: images → tanh(BN(W·x)) features (see the module docstring)."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * 64, width), nn.BatchNorm1d(width), nn.Tanh())
     net.feature_dim = width
     return net
 
@@ -61,7 +63,7 @@ def job(name: str, world_size: int):
 
     from .helpers import deep_update
 
-    base = {"device": "cpu", "num_threads": 1, "deterministic": True, "epochs": 3, "batch_size": 64,
+    base = {"device": "cpu", "num_threads": 1, "deterministic": True, "sync_bn": True, "epochs": 3, "batch_size": 64,
             "log_every_steps": 1000, "keep_checkpoints": 1, "eval_batch_size": 512,
             "data": {"name": "digits-lt", "imbalance_factor": 25},
             "model": {"name": "tests.train.world_size_worker:mlp"},

@@ -69,8 +69,9 @@ class Trainer:
 
         model = init_model(t, data)
         self.batchnorm = batchnorm_decision(t, ctx.world_size)
-        if self.batchnorm.on and (ctx.distributed or self.batchnorm.exact):
-            model = synchronise_batchnorm(model, self.device, exact=self.batchnorm.exact)
+        bn_kernel = self.batchnorm.kernel(ctx.world_size if ctx.distributed else 1, self.device.type)
+        if bn_kernel != "batchnorm":
+            model = synchronise_batchnorm(model, bn_kernel)
             if ctx.is_main:
                 log.info("BatchNorm %s", self.batchnorm.describe())
         model = model.to(self.device)
@@ -208,7 +209,7 @@ class Trainer:
             if starting:
                 torch.manual_seed(derive_seed("crt", t.seed))
                 self.stage1 = two_stage.begin_stage_two(self.model, reinit=two.crt_reinit, device=self.device,
-                                                        num_classes=self.data.num_classes,
+                                                        num_classes=self.data.num_classes, loss_name=two.crt_loss.name,
                                                         stage1_weights=self._best_held_out_weights())
                 if two.crt_max_norm is not None:
                     self.max_norm = two_stage.MaxNorm.start(self.model.classifier, two.crt_max_norm)

@@ -4,7 +4,9 @@
 ``adjust_learning_rate`` exactly: lr·(e+1)/5 in epoch indices 0–4, lr·0.01 from index 160 and lr·0.0001
 from 180 (its epochs count from 1: "epoch > 160"). ``cosine`` decays to 0 after the warm-up, per step, or
 with ``update: epoch`` once per epoch as classifier-balancing's ``CosineAnnealingLR`` does: it is stepped at
-the start of every epoch, so epoch e (from 0) trains at the rate for e + 1 and the last epoch at 0.
+the start of every epoch, so epoch e (from 0) trains at the rate for e + 1 and the last epoch at 0; with
+``update: epoch_start`` epoch e trains at the rate for e, MiSLAS's ``adjust_learning_rate`` (cos(e·π/E): the
+first epoch at the full rate, the last above 0).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class LrSchedule:
             return self.base_lr * self.gamma ** sum(epoch >= m for m in self.milestones)
         if self.name == "cosine":
             span = max(1, self.epochs - self.warmup)
-            done = epoch - self.warmup + (1 if self.update == "epoch" else step / max(1, steps_per_epoch))
+            within = {"epoch": 1, "epoch_start": 0}.get(self.update, step / max(1, steps_per_epoch))
+            done = epoch - self.warmup + within
             progress = min(1.0, done / span)
             return self.base_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
         return self.base_lr

@@ -6,9 +6,9 @@ mean, which every rank holds identically, to keep the float32 variance free of c
 count; one all-reduce gives the global batch's mean and variance. The all-reduce's backward is an
 all-reduce of the gradients of those sums, so each rank back-propagates the global batch's statistics
 exactly as one process would. Ranks may hold different numbers of images, none included (the last batch
-of an epoch). With ``sync_bn: true`` it is the BatchNorm of every world size, one process included (the
-all-reduce is then skipped), so the arithmetic does not change with the world size. Otherwise, on CUDA,
-``nn.SyncBatchNorm`` computes the same statistics with fused kernels.
+of an epoch). With ``sync_bn: true`` on CPUs it is the BatchNorm of every world size, one process included
+(the all-reduce is then skipped), so the arithmetic does not change with the world size. On CUDA
+``nn.SyncBatchNorm`` computes the same statistics with fused kernels (``config.batchnorm.kernel`` decides).
 """
 
 from __future__ import annotations
@@ -75,12 +75,13 @@ class GlobalBatchNorm(_BatchNorm):
         return y.to(x.dtype)
 
 
-def synchronise_batchnorm(model: nn.Module, device: torch.device, *, exact: bool = False) -> nn.Module:
-    """``model`` with every BatchNorm synchronised across ranks (weights and buffers kept): GlobalBatchNorm
-    when ``exact`` (the same arithmetic at every world size) or on CPUs, else CUDA's fused SyncBatchNorm."""
-    if device.type == "cuda" and not exact:
+def synchronise_batchnorm(model: nn.Module, kernel: str) -> nn.Module:
+    """``model`` with every BatchNorm synchronised across ranks (weights and buffers kept), by the kernel
+    ``config.batchnorm.kernel`` chose: ``fused`` CUDA's SyncBatchNorm, ``global`` GlobalBatchNorm,
+    ``batchnorm`` none (the model as it is)."""
+    if kernel == "fused":
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return _convert(model)
+    return _convert(model) if kernel == "global" else model
 
 
 def _convert(module: nn.Module) -> nn.Module:

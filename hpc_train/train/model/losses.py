@@ -174,6 +174,34 @@ class SigmoidFocalLoss(LongTailLoss):
         return bce.sum(dim=1) * weight[target]
 
 
+class SoftmaxBCELoss(LongTailLoss):
+    """Weight balancing's stage-2 "CB loss" (ShadeAlsha/LTR-weight-balancing ``utils/class_balanced_loss.py``,
+    vandit15's port, ``loss_type="softmax"``): binary cross-entropy of the softmax probabilities against the
+    one-hot target, weighted by the class weight of the sample's target, averaged over batch x classes (so each
+    sample's classes are averaged here and the base divides by the batch size). The logs are clamped at -100,
+    as ``F.binary_cross_entropy`` clamps them; log(1 - p_c) is taken from the logits, finite where p_c rounds
+    to 1. With ``reweight: class_balanced`` it is their ``CB_loss(..., "softmax", β, γ)``."""
+
+    batch_mean = True
+
+    def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+        logits, weight = self._prepare(logits)
+        is_target = target_mask(target, logits.shape[1])
+        log_p = F.log_softmax(logits, dim=1)
+        return -(torch.where(is_target, log_p, log_one_minus_softmax(logits, log_p))
+                 .clamp_min(-100.0).mean(dim=1)) * weight[target]
+
+
+def log_one_minus_softmax(logits: Tensor, log_p: Tensor) -> Tensor:
+    """log(1 - p_c) for every class, stable: log1p(-p_c) where p_c <= 1/2, and for the one class per row that
+    may exceed 1/2 (the argmax) the log-sum-exp of the other logits minus that of all of them."""
+    top = logits.argmax(dim=1, keepdim=True)
+    others = logits.scatter(1, top, float("-inf"))
+    log_rest = (torch.logsumexp(others, dim=1, keepdim=True) - torch.logsumexp(logits, dim=1, keepdim=True))
+    small = torch.log1p(-log_p.exp().clamp_max(0.5))
+    return small.scatter(1, top, log_rest)
+
+
 def label_aware_smoothing(counts: Sequence[int], smooth_head: float, smooth_tail: float) -> Tensor:
     """MiSLAS's per-class smoothing (``methods.py``, ``LabelAwareSmoothing``, shape ``concave``): ε_c = tail +
     (head - tail)·sin((n_c - n_min)·π / (2·(n_max - n_min))); every class gets ``smooth_head`` when all counts
@@ -253,6 +281,7 @@ LOSSES: dict[str, type[LongTailLoss]] = {
     "logit_adjusted": LogitAdjustedLoss,
     "label_aware_smoothing": LabelAwareSmoothingLoss,
     "sigmoid_focal": SigmoidFocalLoss,
+    "softmax_bce": SoftmaxBCELoss,
 }
 """The built-in losses, by the names ``train.loss.name`` takes (``config.LossName``: a test ties them)."""
 

@@ -16,6 +16,7 @@ after every stage-2 epoch.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Callable, Iterator
 
 import torch
@@ -69,17 +70,26 @@ def tau_heads(classifier_state: dict[str, Tensor],
 
 
 def begin_stage_two(model: LongTailNet, *, reinit: bool, num_classes: int, device: torch.device,
-                    stage1_weights: dict[str, Tensor] | None = None) -> dict[str, Any]:
+                    stage1_weights: dict[str, Tensor] | None = None, loss_name: str = "ce") -> dict[str, Any]:
     """Put stage 1's weights in place (``stage1_weights``: the best on the held-out split; None: the model as
     it is, the end of stage 1), keep its snapshot for τ-normalisation, and re-create the classifier when
     ``reinit`` (PyTorch's default ``nn.Linear`` init, as classifier-balancing's cRT builds it; the caller seeds
-    it). Returns the snapshot."""
+    it; with stage 2's loss ``loss_name`` sigmoid_focal its bias starts at -log(C - 1), as stage 1's does).
+    Returns the snapshot."""
     if stage1_weights is not None:
         model.load_state_dict(stage1_weights)
     kept = snapshot(model)
     if reinit:
         model.classifier = make_classifier(model.feature_dim, num_classes, model.classifier_kind).to(device)
+        if loss_name == "sigmoid_focal" and isinstance(model.classifier, nn.Linear):
+            start_at_one_over_c(model.classifier, num_classes)
     return kept
+
+
+@torch.no_grad()
+def start_at_one_over_c(classifier: nn.Linear, num_classes: int) -> None:
+    """Cui et al.'s sigmoid losses start every class at p = 1/C: bias -log(C - 1) (``src/model_base.py``)."""
+    classifier.bias.fill_(-math.log(max(num_classes - 1, 1)))
 
 
 def freeze_backbone(model: LongTailNet) -> list[nn.Parameter]:
