@@ -64,8 +64,7 @@ class Trainer:
                          channels_last=t.channels_last, num_workers=t.data.num_workers,
                          color_jitter=t.data.color_jitter, mixup_alpha=t.mixup_alpha)
         if t.mixup_alpha and not data.in_memory:
-            raise ConfigError(f"train.mixup_alpha mixes in-memory data sets; {data.name} streams from disk: "
-                              "set it to 0")
+            raise ConfigError(f"train.mixup_alpha mixes in-memory data sets; {data.name} streams from disk: set it to 0")
 
         model = init_model(t, data)
         self.batchnorm = batchnorm_decision(t, ctx.world_size)
