@@ -11,7 +11,7 @@ open) is :class:`Unreadable`: then where values land cannot be told, and nothing
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from . import rules
 from .marks import RAW, Origin, Region
@@ -31,6 +31,8 @@ class Lexer(Reader):
         super().__init__(text, regions, depth)
         self.pending: list[Heredoc] = []
         self.line: list[Command] = []
+        self.heredocs_at: list[tuple[int, Heredoc]] = []
+        """Every heredoc of the script, with where its ``<<`` is (a pipe's feeders are found by position)."""
         self.programs: set[str] = set()
         """Every program a command of the script runs (``srun``, ``python`` ...), code a command runs included."""
 
@@ -44,6 +46,7 @@ class Lexer(Reader):
         """Commands until the end, ``closer`` (taken), a case terminator in ``stops`` or a command word in
         ``stop_words`` (both taken and returned)."""
         command = Command()
+        pipeline = _Pipeline(self.i)
         while True:
             if self.i >= self.n:
                 self.end(command)
@@ -64,14 +67,20 @@ class Lexer(Reader):
             elif c == "\n":
                 self.take()
                 command = self.end(command)
+                pipeline.start = self.i
                 self.newline()
             elif c == "#":
                 self.comment()
             elif c in ";&|" and not (c == "&" and self.peek(1) == ">"):
+                at = self.i
                 self.take()
                 if c in "&|" and self.peek() in ("&", "|"):
                     self.take()
                 command = self.end(command)
+                if self.text[at:self.i] in ("|", "|&"):
+                    command.piped_in = self.feeder(pipeline.start, at)
+                else:
+                    pipeline.start = self.i
             elif c == "(" and not command.words:
                 if self.at("(("):
                     self.take(), self.take()
@@ -88,6 +97,7 @@ class Lexer(Reader):
                 if not command.words and not word.tainted and word.literal in stop_words:
                     self.end(command)
                     return word.literal
+                pipeline.group(word, first=not command.words)
                 command = self.command_word(command, word)
 
     def command_word(self, command: Command, word: Word) -> Command:
@@ -108,6 +118,17 @@ class Lexer(Reader):
                 self.take(), self.take()
                 self.arithmetic("))")
         return command
+
+    def feeder(self, start: int, end: int) -> Callable[[], Origin | None]:
+        """What tells the first job value in the text ``start:end`` that pipes into a command, and in the
+        heredocs of its commands (their bodies are read once the line ends)."""
+        heredocs = [heredoc for at, heredoc in self.heredocs_at if start <= at < end]
+
+        def first_value() -> Origin | None:
+            found = self.tainted_between(start, end)
+            bodies = (origin for heredoc in heredocs for _, origin in heredoc.body if origin is not None)
+            return found if found is not None else next(bodies, None)
+        return first_value
 
     def end(self, command: Command) -> Command:
         if not command.empty:
@@ -208,12 +229,15 @@ class Lexer(Reader):
             if word.tainted:
                 raise Unsafe(next(o for _, o, _ in word.chars if o is not None), "as the line that ends a heredoc")
             heredoc = Heredoc(word.literal, any(q for _, _, q in word.chars), strip_tabs)
+            self.heredocs_at.append((self.i, heredoc))
             self.pending.append(heredoc)
             command.heredocs.append(heredoc)
         elif self.at("<(") or self.at(">("):
+            start = self.i
             self.take(), self.take()
             self.nested(")")
-            command.words.append(Word([(EXPANSION, None, False)], dynamic=True))
+            command.words.append(Word([(EXPANSION, None, False)], dynamic=True,
+                                      substituted=self.tainted_between(start, self.i)))
         else:
             while self.peek() and self.peek() in "<>&|":
                 self.take()
@@ -311,3 +335,23 @@ class Lexer(Reader):
                 break
             words.append(word)
         rules.check_double_brackets(words)
+
+
+class _Pipeline:
+    """Where the pipeline being read starts: a compound command (``{ ...; }``, ``if ... fi``, a loop) is one
+    element of it, however many lists it holds."""
+
+    _OPENS = frozenset("{ if while until for select".split())
+    _CLOSES = frozenset("} fi done".split())
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.group_starts: list[int] = []
+
+    def group(self, word: Word, *, first: bool) -> None:
+        if not first or word.tainted:
+            return
+        if word.literal in self._OPENS:
+            self.group_starts.append(self.start)
+        elif word.literal in self._CLOSES and self.group_starts:
+            self.start = self.group_starts.pop()

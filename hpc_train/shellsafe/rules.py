@@ -193,8 +193,10 @@ def _check_arguments(words: list["Word"], command: "Command", relex: Relex) -> N
         for before, word in zip(args, args[1:]):
             if before.literal == flag and not before.tainted:
                 _refuse_in(word, IDENTIFIER, "as the name of a variable")
-    elif name in ("source", ".") and (not args or args[0].literal in ("/dev/stdin", "-")):
+    elif name in ("source", ".") and (not args or args[0].literal in STDIN_FILES):
         _stdin_is_code(command, relex, name)
+    elif name in ("source", ".") and args[0].substituted is not None:
+        raise Unsafe(args[0].substituted, f"in a process substitution {name} runs as its script")
     _check_shells(words, command, relex)
 
 
@@ -219,25 +221,53 @@ def _check_declare(args: Sequence["Word"]) -> None:
             _refuse_in(word.value_part, IDENTIFIER, "as the name of a variable (a nameref)")
 
 
+_SHELL_OPTION_ARGS = frozenset("--rcfile --init-file".split())
+"""Long options of bash whose argument is the next word (``-o NAME`` and ``-O NAME`` are the short ones)."""
+STDIN_FILES = frozenset("/dev/stdin /dev/fd/0 /proc/self/fd/0 -".split())
+"""Script operands that name the shell's (or ``source``'s) standard input."""
+
+
 def _check_shells(words: Sequence["Word"], command: "Command", relex: Relex) -> None:
     """``bash -c CODE`` anywhere in the command (after srun, sudo, xargs ...), and a shell reading its code
-    from a heredoc or here-string."""
+    from its standard input (a heredoc, a here-string, a pipe, ``/dev/fd/0``) or a process substitution."""
     for at, word in enumerate(words):
         if word.tainted or _program(word) not in SHELLS:
             continue
-        rest = words[at + 1:]
-        for i, option in enumerate(rest):
-            text = option.literal
-            if option.tainted or not text.startswith("-") or text == "--":
-                break
-            if not text.startswith("--") and "c" in text[1:]:
-                if i + 1 < len(rest):
-                    relex(rest[i + 1].chars_with_origins(), f"{_program(word)} -c")
-                return
-        operands = [w for w in rest if not w.literal.startswith("-")]
-        if not operands or operands[0].literal in ("/dev/stdin", "-"):
+        reads_c, reads_stdin, operands = _shell_invocation(words[at + 1:])
+        if reads_c:
+            if operands:
+                relex(operands[0].chars_with_origins(), f"{_program(word)} -c")
+            return
+        if reads_stdin or not operands or operands[0].literal in STDIN_FILES:
             _stdin_is_code(command, relex, _program(word))
+        elif operands[0].substituted is not None:
+            raise Unsafe(operands[0].substituted, f"in a process substitution {_program(word)} runs as its script")
         return
+
+
+def _shell_invocation(rest: Sequence["Word"]) -> tuple[bool, bool, list["Word"]]:
+    """How bash reads its arguments: option clusters (``-euo pipefail``: ``o`` and ``O`` take the next word),
+    long options (``--rcfile FILE``), ``--`` or ``-`` ending them, then the operands; whether ``-c`` (the
+    first operand is code) or ``-s`` (standard input is) is among the options."""
+    reads_c = reads_stdin = False
+    i = 0
+    while i < len(rest):
+        text = rest[i].literal
+        if not text.startswith(("-", "+")) or text == "+":
+            break
+        origin = _first_origin(rest[i])
+        if origin is not None:  # a job value the shell would take as an option (-c makes the next word code)
+            raise Unsafe(origin, "as an option of a shell")
+        i += 1
+        if text in ("--", "-"):
+            break
+        if text.startswith("--"):
+            i += text in _SHELL_OPTION_ARGS
+            continue
+        reads_c = reads_c or "c" in text[1:]
+        reads_stdin = reads_stdin or "s" in text[1:]
+        i += sum(letter in "oO" for letter in text[1:])
+    return reads_c, reads_stdin, list(rest[i:])
 
 
 def _stdin_is_code(command: "Command", relex: Relex, reader: str) -> None:
@@ -245,6 +275,9 @@ def _stdin_is_code(command: "Command", relex: Relex, reader: str) -> None:
         relex(heredoc.body, f"{reader} reading a heredoc")
     for word in command.herestrings:
         relex(word.chars_with_origins(), f"{reader} reading a here-string")
+    origin = command.piped_in()
+    if origin is not None:  # what the commands before the pipe print is code: no job value may be in them
+        raise Unsafe(origin, f"in a pipe that feeds {reader}, which runs what it reads as code")
 
 
 def check_double_brackets(words: Sequence["Word"]) -> None:

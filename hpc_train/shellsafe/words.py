@@ -21,6 +21,8 @@ class Word:
     """Characters after quote removal: (character, the value it came from or None, whether it was quoted)."""
     dynamic: bool = False
     """It holds an expansion (``$x``, ``$( )``, ...), shown as :data:`EXPANSION` in :attr:`literal`."""
+    substituted: Origin | None = None
+    """A process substitution ``<( )`` (a file whose text its commands print): the first job value in it."""
 
     def add(self, ch: str, origin: Origin | None, quoted: bool) -> None:
         self.chars.append((ch, origin, quoted))
@@ -83,9 +85,11 @@ class Command:
     words: list[Word] = field(default_factory=list)
     heredocs: list[Heredoc] = field(default_factory=list)
     herestrings: list[Word] = field(default_factory=list)
+    piped_in: Callable[[], "Origin | None"] = lambda: None
+    """The first job value in the commands that pipe into this one (``... | bash``), heredocs included."""
 
     def with_words(self, words: list[Word]) -> "Command":
-        return Command(words, self.heredocs, self.herestrings)
+        return Command(words, self.heredocs, self.herestrings, self.piped_in)
 
     @property
     def empty(self) -> bool:
