@@ -81,6 +81,17 @@ HOSTILE = [
      2, True),
     ("job-value-as-shell-option", ["bash {{ job.slurm.partition | shquote }} 'touch P'"], ["slurm.partition=-c"], 2,
      True),
+    # M3: declare evaluates a ( ) value as an array's assignment (-a, -A, or a variable already an array)
+    ("declare-a", ["declare -a arr={{ job.slurm.partition | shquote }}"], ["slurm.partition=([$(touch P)]=1)"], 2,
+     True),
+    ("declare-A", ["declare -A map={{ job.slurm.partition | shquote }}"], ["slurm.partition=([$(touch P)]=1)"], 2,
+     True),
+    ("local-a", ["f() { local -a arr={{ job.slurm.partition | shquote }}; }; f"], ["slurm.partition=([$(touch P)]=1)"],
+     2, True),
+    ("function-local-a", ["function f { local -a arr={{ job.slurm.partition | shquote }}; }; f"],
+     ["slurm.partition=([$(touch P)]=1)"], 2, True),
+    ("declare-on-an-array", ["arr=(); declare arr={{ job.slurm.partition | shquote }}"],
+     ["slurm.partition=([0]=$(touch P))"], 2, True),
     # Refused without running anything, each for its own reason:
     ("assignment-name", ["{{ job.slurm.partition }}=1"], ["slurm.partition=PATH"], 2, False),
     ("brace-expansion", ["echo {a,{{ job.slurm.partition }}}"], ["slurm.partition=b,c"], 2, False),
@@ -107,6 +118,8 @@ INERT = [
      [f"slurm.partition={P}"]),
     ("process-substitution-to-a-program", ["cat <(echo {{ job.slurm.partition | shquote }})", "echo x | bash"],
      [f"slurm.partition={P}"]),
+    ("declare-a-word", ["declare -a arr={{ job.slurm.partition | shquote }}", 'echo "${arr[0]}"'],
+     ["slurm.partition=[$(touch P)]=1 ($(touch P))"]),
     ("sbatch-line", ["#SBATCH --comment={{ job.slurm.partition | sbatch }}"], ["slurm.partition='a b''c\"d \\ #e\\'"]),
 ]
 

@@ -89,7 +89,9 @@ class Lexer(Reader):
                     self.take()
                     self.nested(")")
             elif c in "()":
-                self.take()  # NAME () of a function definition
+                self.take()  # NAME () of a function definition: its body's first command is one of its own
+                if c == ")":
+                    command = self.end(command)
             elif c in "<>&":
                 self.redirection(command)
             else:

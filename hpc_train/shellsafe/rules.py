@@ -119,6 +119,9 @@ def _refuse_in(word: "Word", allowed: frozenset[str], where: str) -> None:
 def check_command(command: "Command", relex: Relex) -> None:
     """A simple command: its assignments, its command word and what its arguments become."""
     words = list(command.words)
+    if len(words) > 1 and not words[0].tainted and words[0].literal == "function":
+        _refuse_in(words[1], IDENTIFIER, "as the name of a function")
+        del words[:2]  # `function NAME { BODY`: the body's first command follows
     while words and not words[0].tainted and words[0].literal in _LEADING | _ENDING:
         words.pop(0)
     while words and words[0].assignment_name is not None:
@@ -219,6 +222,9 @@ def _check_declare(args: Sequence["Word"]) -> None:
             _refuse_in(word.value_part, DIGITS, WHERE["arith"])
         elif "n" in options:
             _refuse_in(word.value_part, IDENTIFIER, "as the name of a variable (a nameref)")
+        elif word.value_part.literal.startswith("("):  # -a, -A, or a variable already an array: `( )` is evaluated
+            _refuse_in(word.value_part, frozenset(), "in a ( ) value of declare, which bash evaluates as an "
+                                                     "array's assignment, its [ ] indexes as arithmetic")
 
 
 _SHELL_OPTION_ARGS = frozenset("--rcfile --init-file".split())
