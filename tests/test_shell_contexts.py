@@ -92,6 +92,14 @@ HOSTILE = [
      ["slurm.partition=([$(touch P)]=1)"], 2, True),
     ("declare-on-an-array", ["arr=(); declare arr={{ job.slurm.partition | shquote }}"],
      ["slurm.partition=([0]=$(touch P))"], 2, True),
+    # M4: ${X:offset:length} is arithmetic, its names evaluated as code
+    ("substring-offset", ["export A={{ job.slurm.env.A | shquote }}", 'X=abc; echo "${X:{{ job.slurm.partition }}}"'],
+     [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    ("substring-length", ["export A={{ job.slurm.env.A | shquote }}", 'X=abc; echo ${X:0:{{ job.slurm.partition }}}'],
+     [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    ("positional-slice",
+     ["export A={{ job.slurm.env.A | shquote }}", 'set -- a b; echo "${@:{{ job.slurm.partition }}}"'],
+     [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
     # Refused without running anything, each for its own reason:
     ("assignment-name", ["{{ job.slurm.partition }}=1"], ["slurm.partition=PATH"], 2, False),
     ("brace-expansion", ["echo {a,{{ job.slurm.partition }}}"], ["slurm.partition=b,c"], 2, False),
@@ -112,7 +120,8 @@ INERT = [
      [f"slurm.partition={P}"]),
     ("export", ["export X={{ job.slurm.partition | shquote }}"], [f"slurm.partition={P}; `touch P` \"'"]),
     ("comment", ["# {{ job.slurm.partition }}"], [f"slurm.partition={P}"]),
-    ("bash-options-then-script", ["bash -o pipefail --norc -O extglob -- /dev/null {{ job.slurm.partition | shquote }}"],
+    ("bash-options-then-script",
+     ["bash -o pipefail --norc -O extglob -- /dev/null {{ job.slurm.partition | shquote }}"],
      [f"slurm.partition={P}"]),
     ("value-piped-to-a-program", ["echo {{ job.slurm.partition | shquote }} | tr a b | cat", "date | bash -s"],
      [f"slurm.partition={P}"]),
@@ -120,6 +129,8 @@ INERT = [
      [f"slurm.partition={P}"]),
     ("declare-a-word", ["declare -a arr={{ job.slurm.partition | shquote }}", 'echo "${arr[0]}"'],
      ["slurm.partition=[$(touch P)]=1 ($(touch P))"]),
+    ("substring-digits-and-defaults", ['X=abc; echo "${X:{{ job.slurm.nodes }}:1}" "${X:-{{ job.slurm.partition }}}"',
+                                       'echo "${Y:={{ job.slurm.partition }}}" "${X: -1}"'], ["slurm.partition=gpu"]),
     ("sbatch-line", ["#SBATCH --comment={{ job.slurm.partition | sbatch }}"], ["slurm.partition='a b''c\"d \\ #e\\'"]),
 ]
 

@@ -191,7 +191,8 @@ class Reader:
         self.stack.pop()
 
     def parameter(self) -> None:
-        """``${...}``: its name (and index, arithmetic), then the word of its operator."""
+        """``${...}``: its name (and index, arithmetic), then the word of its operator (a substring's offset and
+        length: arithmetic)."""
         self.stack.append("param_name")
         if self.peek() in ("#", "!") and self.peek(1) != "}":
             self.take()
@@ -202,6 +203,11 @@ class Reader:
         if self.peek() == "[":
             self.take()
             self.arithmetic("]")
+        if self.peek() == ":" and self.peek(1) not in ("-", "=", "?", "+"):
+            self.take()  # ${X:offset:length}: both are arithmetic, evaluated as code
+            self.arithmetic("}")
+            self.stack.pop()
+            return
         self.stack[-1] = "param_word"
         while self.peek() != "}":
             c = self.peek()
