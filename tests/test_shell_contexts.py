@@ -202,3 +202,30 @@ def test_an_environment_variable_bash_expands_is_refused(tmp_path, name):
     assert (tmp_path / "P").exists()
     with pytest.raises(ConfigError, match=f"slurm.env: {name} is read by every bash the job starts"):
         resolve_job(None, site=NO_SITE, sets=[f"slurm.env.{name}=$(touch P)"])
+
+
+EXPORTS = [("extra-sbatch", ["slurm.extra_sbatch.export=ALL,BASH_ENV=$(touch P)"], "slurm.extra_sbatch.export"),
+           ("srun-args", ['slurm.srun_args=["--export=ALL,BASH_ENV=$(touch P)"]'], "slurm.srun_args"),
+           ("srun-args-two-words", ['slurm.srun_args=[--export, "NONE,ENV=$(touch P)"]'], "slurm.srun_args"),
+           ("srun-export-env", ["slurm.env.SRUN_EXPORT_ENV=ALL,PS4=$(touch P)"], "slurm.env.SRUN_EXPORT_ENV"),
+           ("slurm-export-env", ["slurm.env.SLURM_EXPORT_ENV=ALL, BASH_ENV=x"], "slurm.env.SLURM_EXPORT_ENV"),
+           ("sbatch-export", ["slurm.env.SBATCH_EXPORT=BASH_ENV"], "slurm.env.SBATCH_EXPORT")]
+
+
+@pytest.mark.parametrize("case", EXPORTS, ids=[c[0] for c in EXPORTS])
+def test_an_export_list_never_sets_a_variable_bash_expands(case):
+    # Review of issue 19, M5: sbatch and srun export these into every shell of the job, as slurm.env would
+    # (the previous test shows bash running BASH_ENV's $( )).
+    from hpc_train.errors import ConfigError
+
+    _, sets, where = case
+    with pytest.raises(ConfigError, match=rf"{where}: exports (BASH_ENV|ENV|PS4), which every bash the job starts"):
+        resolve_job(None, site=NO_SITE, sets=sets)
+
+
+def test_an_export_list_of_other_variables_is_kept(tmp_path):
+    sets = ["slurm.extra_sbatch.export=ALL,MY_ENV=1", 'slurm.srun_args=["--export=ALL,NCCL_DEBUG=INFO"]',
+            "slurm.env.SRUN_EXPORT_ENV=ALL,BASHY=1"]
+    spec, _ = resolve_job(None, site=NO_SITE, sets=sets)
+    assert spec.slurm.extra_sbatch["export"] == "ALL,MY_ENV=1"
+    assert "#SBATCH --export=ALL,MY_ENV=1" in render_sbatch(spec, runs_root=str(tmp_path), python=sys.executable)
