@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from ..errors import ConfigError
 from ..local import submit as local
 from ..slurm import client as slurm_cli
 from . import rundir
@@ -106,7 +107,7 @@ def progress(run_dir: Path) -> dict[str, Any]:
 
 def _slurm_jobs(runs: Sequence[Run]) -> dict[str, slurm_cli.JobState]:
     """Slurm's view of every Slurm run's job, asked once for all of them."""
-    return slurm_cli.job_states([r.job_id for r in runs if r.cluster != "local"])
+    return slurm_cli.job_states([r.job_id for r in runs if r.on_slurm])
 
 
 def run_statuses(runs: Sequence[Run]) -> list[dict[str, Any]]:
@@ -125,6 +126,8 @@ def run_state(run: Run, job: slurm_cli.JobState | None = None,
               recorded: rundir.RunState | None = None) -> tuple[str, str]:
     """(state, reason) of a run: what its run directory recorded, reconciled with Slurm (``job`` when the
     caller has asked already) or with its local launcher. Reads no log and no metrics (polling loops)."""
+    if run.unreadable:
+        return "unknown", run.unreadable
     recorded = recorded or rundir.read_state(run.run_dir)
     if run.cluster == "local":
         return _local_state(run, recorded)
@@ -144,7 +147,7 @@ def run_status(run: Run, job: slurm_cli.JobState | None = None) -> dict[str, Any
     training progress."""
     recorded = rundir.read_state(run.run_dir)
     out: dict[str, Any] = {"run": run.name, "job_id": run.job_id, "cluster": run.cluster, "run_dir": str(run.run_dir)}
-    if run.cluster != "local":
+    if run.on_slurm:
         job = job or slurm_cli.job_state(run.job_id)
         out.update(slurm_state=job.state, source=job.source, elapsed=job.elapsed, nodes=job.nodes,
                    slurm_exit_code=job.exit_code, slurm_reason=job.reason if job.state == "UNKNOWN" else "")
@@ -215,6 +218,9 @@ def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0
 
 def cancel_run(run: Run) -> str:
     """Cancel a run: record it (the local launcher ends the ranks when it sees it), and scancel on Slurm."""
+    if run.unreadable:
+        raise ConfigError(f"{run.name}: {run.unreadable}, so which job to cancel cannot be told; cancel it with "
+                          "scancel JOB_ID (or, for a local run, end its launcher)")
     state = run_state(run)[0]
     if state in rundir.FINAL_STATES:
         return f"{run.name} has already ended ({state}); nothing to cancel"
