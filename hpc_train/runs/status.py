@@ -37,8 +37,9 @@ def reconcile(run: rundir.RunState, job: slurm_cli.JobState | None) -> tuple[str
     if job is None or job.state == "UNKNOWN":
         if run.state is None:
             return "unknown", job.reason if job else "nothing recorded"
-        if job is not None and job.reason == slurm_cli.NO_SLURM and not run.final:  # cannot be told here
-            return "unknown", f"{slurm_cli.NO_SLURM} (last recorded: {run.state})"
+        unasked = job is not None and (job.reason == slurm_cli.NO_SLURM or job.reason.startswith("squeue failed"))
+        if unasked and not run.final:  # cannot be told here
+            return "unknown", f"{job.reason} (last recorded: {run.state})"
         return run.state, run.reason
     if job.active:
         if run.state == rundir.CANCELLED:
@@ -106,8 +107,9 @@ def progress(run_dir: Path) -> dict[str, Any]:
 
 
 def _slurm_jobs(runs: Sequence[Run]) -> dict[str, slurm_cli.JobState]:
-    """Slurm's view of every Slurm run's job, asked once for all of them."""
-    return slurm_cli.job_states([r.job_id for r in runs if r.on_slurm])
+    """Slurm's view of every Slurm run's job, asked once for all of them (a failing squeue makes them
+    ``unknown``, with its words, and the other runs are still listed)."""
+    return slurm_cli.job_states([r.job_id for r in runs if r.on_slurm], listing=True)
 
 
 def run_statuses(runs: Sequence[Run]) -> list[dict[str, Any]]:
