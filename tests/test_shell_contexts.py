@@ -100,6 +100,10 @@ HOSTILE = [
     ("positional-slice",
      ["export A={{ job.slurm.env.A | shquote }}", 'set -- a b; echo "${@:{{ job.slurm.partition }}}"'],
      [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    # S5: an array assignment's elements are words, an unquoted [index]= before one arithmetic
+    ("array-assignment-index", ["export A={{ job.slurm.env.A | shquote }}", "arr=([{{ job.slurm.partition }}]=1)"],
+     [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    ("array-element-unquoted", ["arr=(a {{ job.slurm.partition }})"], ["slurm.partition=$(touch P)"], 2, True),
     # Refused without running anything, each for its own reason:
     ("assignment-name", ["{{ job.slurm.partition }}=1"], ["slurm.partition=PATH"], 2, False),
     ("brace-expansion", ["echo {a,{{ job.slurm.partition }}}"], ["slurm.partition=b,c"], 2, False),
@@ -131,6 +135,10 @@ INERT = [
      ["slurm.partition=[$(touch P)]=1 ($(touch P))"]),
     ("substring-digits-and-defaults", ['X=abc; echo "${X:{{ job.slurm.nodes }}:1}" "${X:-{{ job.slurm.partition }}}"',
                                        'echo "${Y:={{ job.slurm.partition }}}" "${X: -1}"'], ["slurm.partition=gpu"]),
+    ("array-elements", ['arr+=("{{ job.name }}")', "args=({{ job.slurm.partition | shquote }} --name",
+                        "  {{ job.name | shquote }}  # a comment", ")",
+                        "MODS=({{ job.slurm.modules | map('shquote') | join(' ') }}) x=1", 'echo "${arr[@]}"'],
+     [f"slurm.partition={P}", "slurm.modules=[time, eval, '$(touch P)']"]),
     ("sbatch-line", ["#SBATCH --comment={{ job.slurm.partition | sbatch }}"], ["slurm.partition='a b''c\"d \\ #e\\'"]),
 ]
 

@@ -96,6 +96,8 @@ class Lexer(Reader):
                 self.redirection(command)
             else:
                 word = self.word()
+                if word.assignment_name is not None and word.literal.endswith("=") and self.peek() == "(":
+                    self.array_elements()
                 if not command.words and not word.tainted and word.literal in stop_words:
                     self.end(command)
                     return word.literal
@@ -281,6 +283,21 @@ class Lexer(Reader):
             self.take()
             if c == "\\" and self.peek() in ("$", "`", "\\", "\n"):
                 self.take()
+
+    def array_elements(self) -> None:
+        """``NAME=( ... )``, ``NAME+=( ... )``: words up to ``)``, each expanded as an argument is (never a
+        command); an unquoted ``[index]=`` before one is arithmetic."""
+        self.take()
+        while True:
+            self.skip_space()
+            if self.peek() == ")":
+                self.take()
+                return
+            if self.peek() == "[":
+                self.take()
+                self.arithmetic("]")
+            if not self.word().chars and self.peek() not in (" ", "\t", "\n", ")", "#"):
+                raise Unreadable(f"{self.peek() or 'the end'} inside an array assignment ( )")
 
     # -- compound commands ---------------------------------------------------------------------------
     def case_clause(self) -> None:
