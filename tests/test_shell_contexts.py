@@ -104,6 +104,15 @@ HOSTILE = [
     ("array-assignment-index", ["export A={{ job.slurm.env.A | shquote }}", "arr=([{{ job.slurm.partition }}]=1)"],
      [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
     ("array-element-unquoted", ["arr=(a {{ job.slurm.partition }})"], ["slurm.partition=$(touch P)"], 2, True),
+    # S3: a value assigned to a variable bash runs (BASH_ENV, PS4 ...) or to one declared an integer
+    ("assigned-bash-env", ["BASH_ENV={{ job.slurm.partition | shquote }} bash -c true"], ["slurm.partition=$(touch P)"],
+     2, True),
+    ("env-bash-env", ["env BASH_ENV={{ job.slurm.partition | shquote }} bash -c true"], ["slurm.partition=$(touch P)"],
+     2, True),
+    ("export-ps4", ["export PS4={{ job.slurm.partition | shquote }}", "set -x", "true"], ["slurm.partition=$(touch P)"],
+     2, True),
+    ("declared-integer", ["declare -i N", "N={{ job.slurm.partition | shquote }}"], [f"slurm.partition={INDEXED}"], 3,
+     True),
     # Refused without running anything, each for its own reason:
     ("assignment-name", ["{{ job.slurm.partition }}=1"], ["slurm.partition=PATH"], 2, False),
     ("brace-expansion", ["echo {a,{{ job.slurm.partition }}}"], ["slurm.partition=b,c"], 2, False),
@@ -139,6 +148,9 @@ INERT = [
                         "  {{ job.name | shquote }}  # a comment", ")",
                         "MODS=({{ job.slurm.modules | map('shquote') | join(' ') }}) x=1", 'echo "${arr[@]}"'],
      [f"slurm.partition={P}", "slurm.modules=[time, eval, '$(touch P)']"]),
+    ("assigned-other-variables", ["X={{ job.slurm.partition | shquote }} BASH_ENV=/dev/null bash -c true",
+                                  "declare -i N=1; M={{ job.slurm.partition | shquote }}; N={{ job.slurm.nodes }}"],
+     [f"slurm.partition={P}"]),
     ("sbatch-line", ["#SBATCH --comment={{ job.slurm.partition | sbatch }}"], ["slurm.partition='a b''c\"d \\ #e\\'"]),
 ]
 

@@ -13,6 +13,7 @@ import re
 import typing
 
 from ..errors import ConfigError
+from ..shellsafe import rules as shell_rules
 from . import bounds
 from .job import JobSpec, SlurmConfig, time_to_minutes
 from .plugins import is_import_path
@@ -186,11 +187,11 @@ def _validate_exports(s: SlurmConfig) -> None:
                                   "expanded and run); a job value never lands there: set it in your own script")
 
 
-SHELL_READS = frozenset({"BASH_ENV", "ENV", "PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND", "SHELLOPTS", "BASHOPTS",
-                         "IFS"})
+SHELL_READS = shell_rules.SHELL_READS
 """Variables bash expands, runs or reads its script by: ``BASH_ENV='$(cmd)'`` runs cmd in every non-interactive
 bash (the torchrun launch line's, a command that is a script), ``PS4`` under xtrace, ``IFS`` re-splits the
-template's own words (docs/design.md, decision 3)."""
+template's own words (docs/design.md, decision 3); the template check refuses a job value a template assigns to
+one of them."""
 
 
 def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:

@@ -31,6 +31,8 @@ class Lexer(Reader):
         super().__init__(text, regions, depth)
         self.pending: list[Heredoc] = []
         self.line: list[Command] = []
+        self.integers: set[str] = set()
+        """The variables the script declared ``-i`` so far: assigning one evaluates the value as arithmetic."""
         self.heredocs_at: list[tuple[int, Heredoc]] = []
         """Every heredoc of the script, with where its ``<<`` is (a pipe's feeders are found by position)."""
         self.programs: set[str] = set()
@@ -150,7 +152,7 @@ class Lexer(Reader):
         line, self.line = self.line, []
         for command in line:
             self.programs.update(rules.programs(command))
-            rules.check_command(command, self.relex)
+            rules.check_command(command, self.relex, self.integers)
 
     def nested(self, closer: str, context: str = "code") -> None:
         """``$( )``, ``( )``, ``<( )``: commands of their own, judged when they close."""
@@ -175,6 +177,7 @@ class Lexer(Reader):
             else:
                 regions.append(Region(at, at + 1, origin))
         code = Lexer("".join(c for c, _ in chars), regions, self.depth + 1)
+        code.integers = self.integers  # eval's code shares the shell's variables (bash -c's inherits none: stricter)
         try:
             code.run()
         except Unsafe as exc:

@@ -116,8 +116,25 @@ def _refuse_in(word: "Word", allowed: frozenset[str], where: str) -> None:
         raise Unsafe(origin, where)
 
 
-def check_command(command: "Command", relex: Relex) -> None:
-    """A simple command: its assignments, its command word and what its arguments become."""
+SHELL_READS = frozenset({"BASH_ENV", "ENV", "PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND", "SHELLOPTS", "BASHOPTS",
+                         "IFS"})
+"""Variables bash expands, runs or reads its script by: ``BASH_ENV='$(cmd)'`` runs cmd in every non-interactive
+bash, ``PS4`` under xtrace, ``IFS`` re-splits the template's own words (docs/design.md, decision 3)."""
+
+
+def _check_assigned(word: "Word", integers: set[str]) -> None:
+    """The value of ``NAME=VALUE``: never a job value for a variable bash reads as code, or an integer one."""
+    name = word.name_part.literal.split("[", 1)[0].rstrip("+")
+    if name in SHELL_READS:
+        _refuse_in(word.value_part, frozenset(), f"in {name}, which bash expands and runs or reads its script by")
+    elif name in integers:
+        _refuse_in(word.value_part, DIGITS, f"in {name}, declared an integer: {WHERE['arith']}")
+
+
+def check_command(command: "Command", relex: Relex, integers: set[str] | None = None) -> None:
+    """A simple command: its assignments, its command word and what its arguments become. ``integers``: the
+    variables the script declared ``-i`` so far (an assignment to one is arithmetic)."""
+    integers = set() if integers is None else integers
     words = list(command.words)
     if len(words) > 1 and not words[0].tainted and words[0].literal == "function":
         _refuse_in(words[1], IDENTIFIER, "as the name of a function")
@@ -126,11 +143,11 @@ def check_command(command: "Command", relex: Relex) -> None:
         words.pop(0)
     while words and words[0].assignment_name is not None:
         _refuse_in(words[0].name_part, frozenset(), "as the name of a variable it assigns")
-        words.pop(0)
+        _check_assigned(words.pop(0), integers)
     if not words:
         return
     _check_command_word(words[0])
-    _check_arguments(words, command, relex)
+    _check_arguments(words, command, relex, integers)
 
 
 _WRAPPERS = frozenset("command builtin exec nohup env time sudo timeout nice stdbuf taskset numactl".split())
@@ -169,12 +186,15 @@ def _program(word: "Word") -> str:
     return word.literal.rsplit("/", 1)[-1]
 
 
-def _check_arguments(words: list["Word"], command: "Command", relex: Relex) -> None:
+def _check_arguments(words: list["Word"], command: "Command", relex: Relex, integers: set[str]) -> None:
     name, args = _program(words[0]), words[1:]
     if name in ("command", "builtin", "exec", "nohup", "env", "time") and args:
+        for word in args:
+            if name == "env" and word.assignment_name is not None:
+                _check_assigned(word, integers)  # env BASH_ENV=... bash
         rest = [w for w in args if not w.literal.startswith("-") and w.assignment_name is None]
         if rest:
-            check_command(command.with_words(rest), relex)
+            check_command(command.with_words(rest), relex, integers)
         return
     if name == "eval":
         relex(_joined(args), "eval")
@@ -186,7 +206,7 @@ def _check_arguments(words: list["Word"], command: "Command", relex: Relex) -> N
         for word in args:
             _refuse_in(word, DIGITS, WHERE["arith"])
     elif name in _DECLARE:
-        _check_declare(args)
+        _check_declare(args, integers)
     elif name in _NAMES:
         for word in args:
             if not word.literal.startswith("-"):
@@ -212,13 +232,17 @@ def _joined(words: Sequence["Word"]) -> list[tuple[str, Origin | None]]:
     return chars
 
 
-def _check_declare(args: Sequence["Word"]) -> None:
+def _check_declare(args: Sequence["Word"], integers: set[str]) -> None:
     options = "".join(w.literal[1:] for w in args if w.literal.startswith("-") and not w.tainted)
     for word in args:
         if word.literal.startswith(("-", "+")) and not word.tainted:
             continue
         _refuse_in(word.name_part, IDENTIFIER, "as the name of a variable")
         if "i" in options:
+            integers.add(word.name_part.literal)
+        if word.name_part.literal in SHELL_READS or word.name_part.literal in integers:
+            _check_assigned(word, integers)
+        elif "i" in options:
             _refuse_in(word.value_part, DIGITS, WHERE["arith"])
         elif "n" in options:
             _refuse_in(word.value_part, IDENTIFIER, "as the name of a variable (a nameref)")
