@@ -113,6 +113,16 @@ HOSTILE = [
      2, True),
     ("declared-integer", ["declare -i N", "N={{ job.slurm.partition | shquote }}"], [f"slurm.partition={INDEXED}"], 3,
      True),
+    # S4: programs that run an argument through sh
+    ("su-c", ["su -c {{ job.slurm.partition | shquote }} root"], ["slurm.partition=touch P"], 2, True),
+    ("runuser-command", ["/usr/sbin/runuser --command={{ job.slurm.partition | shquote }} root"], ["slurm.partition=touch P"],
+     2, True),
+    ("flock-c", ["flock ./lock -c {{ job.slurm.partition | shquote }}"], ["slurm.partition=touch P"], 2, True),
+    ("script-c", ["script -q -c {{ job.slurm.partition | shquote }} /dev/null"], ["slurm.partition=touch P"], 2, True),
+    ("env-S", ["env -S {{ job.slurm.partition | shquote }}"], ["slurm.partition=touch ${HOME}/P"], 2, True),
+    ("sbatch-wrap", ["sbatch --wrap={{ job.slurm.partition | shquote }}"], ["slurm.partition=touch P"], 2, False),
+    ("ssh", ["ssh -p 22 node1 echo {{ job.slurm.partition | shquote }}"], ["slurm.partition=$(touch P)"], 2, False),
+    ("watch", ["watch -n 1 echo {{ job.slurm.partition | shquote }}"], ["slurm.partition=$(touch P)"], 2, False),
     # Refused without running anything, each for its own reason:
     ("assignment-name", ["{{ job.slurm.partition }}=1"], ["slurm.partition=PATH"], 2, False),
     ("brace-expansion", ["echo {a,{{ job.slurm.partition }}}"], ["slurm.partition=b,c"], 2, False),
@@ -150,6 +160,9 @@ INERT = [
      [f"slurm.partition={P}", "slurm.modules=[time, eval, '$(touch P)']"]),
     ("assigned-other-variables", ["X={{ job.slurm.partition | shquote }} BASH_ENV=/dev/null bash -c true",
                                   "declare -i N=1; M={{ job.slurm.partition | shquote }}; N={{ job.slurm.nodes }}"],
+     [f"slurm.partition={P}"]),
+    ("arguments-of-programs-that-run-code", ["flock ./lock -c 'echo \"$0\"' {{ job.slurm.partition | shquote }}",
+                                             "su -c true root {{ job.slurm.partition | shquote }} || true"],
      [f"slurm.partition={P}"]),
     ("sbatch-line", ["#SBATCH --comment={{ job.slurm.partition | sbatch }}"], ["slurm.partition='a b''c\"d \\ #e\\'"]),
 ]

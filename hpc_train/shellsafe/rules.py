@@ -2,9 +2,9 @@
 
 A job value must be inert where it lands: bash must neither expand it (``$( )``, backquotes, ``${ }``,
 arithmetic, globs, word splitting), nor read it as syntax (an operator, the end of a quote, a heredoc or a
-comment), nor run it as code (``eval``, ``bash -c``, ``trap``, a shell reading a heredoc), nor let it name a
-variable or a shell builtin. Each rule here refuses, with :class:`Unsafe`, the first character or command that
-breaks this; :mod:`.lexer` finds the context every character is read in.
+comment), nor run it as code (``eval``, ``bash -c``, ``trap``, a shell reading a heredoc or a pipe, ``su -c``,
+``ssh HOST CMD``), nor let it name a variable or a shell builtin. Each rule here refuses, with :class:`Unsafe`,
+the first character or command that breaks this; :mod:`.lexer` finds the context every character is read in.
 """
 
 from __future__ import annotations
@@ -188,6 +188,7 @@ def _program(word: "Word") -> str:
 
 def _check_arguments(words: list["Word"], command: "Command", relex: Relex, integers: set[str]) -> None:
     name, args = _program(words[0]), words[1:]
+    _check_code_arguments(name, args, relex)
     if name in ("command", "builtin", "exec", "nohup", "env", "time") and args:
         for word in args:
             if name == "env" and word.assignment_name is not None:
@@ -221,6 +222,35 @@ def _check_arguments(words: list["Word"], command: "Command", relex: Relex, inte
     elif name in ("source", ".") and args[0].substituted is not None:
         raise Unsafe(args[0].substituted, f"in a process substitution {name} runs as its script")
     _check_shells(words, command, relex)
+
+
+_CODE_OPTIONS = {"su": ("-c", "--command"), "runuser": ("-c", "--command"), "flock": ("-c", "--command"),
+                 "script": ("-c", "--command"), "sbatch": ("--wrap",), "env": ("-S", "--split-string")}
+"""Programs that give one option's argument to ``sh -c`` (``env -S`` splits and expands it itself)."""
+_REMOTE_SHELLS = {"ssh": "BbcDEeFIiJLlmOopQRSWw", "watch": "dnq"}
+"""Programs that join their operands after the first (ssh: after the host) or all of them (watch) and give
+them to a shell; the option letters that take an argument."""
+
+
+def _check_code_arguments(name: str, args: Sequence["Word"], relex: Relex) -> None:
+    """``su -c CODE``, ``flock FILE -c CODE``, ``sbatch --wrap=CODE``, ``ssh HOST CODE...``, ``watch CODE...``."""
+    for before, word in zip([None, *args], args):
+        text = word.literal
+        for option in _CODE_OPTIONS.get(name, ()):
+            if before is not None and before.literal == option and not before.tainted:
+                relex(word.chars_with_origins(), f"{name} {option}")
+            elif option.startswith("--") and text.startswith(option + "="):
+                relex(word.chars_with_origins()[len(option) + 1:], f"{name} {option}")
+    if name not in _REMOTE_SHELLS:
+        return
+    i = 0
+    while i < len(args) and args[i].literal.startswith("-") and args[i].literal != "--":
+        last = args[i].literal[-1]
+        i += 2 if len(args[i].literal) == 2 and last in _REMOTE_SHELLS[name] else 1
+    operands = args[i + (i < len(args) and args[i].literal == "--"):]
+    code = operands[1:] if name == "ssh" else operands
+    if code:
+        relex(_joined(code), name)
 
 
 def _joined(words: Sequence["Word"]) -> list[tuple[str, Origin | None]]:
