@@ -29,6 +29,10 @@ EXPENSIVE = {
                                                         for p, c in zip("abcdefg", "bcdefgh")),
                        "more than 10,000 values"),
     "alias-inside-itself": ("a: &a [x, *a]\n", "a YAML alias refers to the value it is in"),
+    # Review of issue 19, S7: no alias, just many values (1 MiB): counted after the whole document was composed
+    # (12.9 s), and the message spoke of aliases.
+    "1-MiB-flow-list": ("a: [" + "1," * 500_000 + "1]\n", r"job.yaml: more than 10,000 values; a job file is small"),
+    "1-MiB-block-list": ("a:\n" + "- 1\n" * 250_000, r"job.yaml: more than 10,000 values; a job file is small"),
 }
 
 

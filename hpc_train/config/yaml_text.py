@@ -89,9 +89,9 @@ class _Composer(yaml.SafeLoader):
     """SafeLoader that resolves no plain scalar (every one is composed with the ``str`` tag) and composes at
     most :data:`MAX_DEPTH` levels (its composer recurses once per level)."""
 
-    def __init__(self, stream: str, source: str) -> None:
+    def __init__(self, stream: str, source: str, max_nodes: int = MAX_NODES) -> None:
         super().__init__(stream)
-        self.source, self.depth = source, 0
+        self.source, self.depth, self.max_nodes, self.composed = source, 0, max_nodes, 0
 
     def fetch_flow_collection_start(self, token_class: Any) -> None:
         # The scanner reads ahead up to 1,024 characters of ``[[[...`` (each one may start a simple key) before
@@ -110,6 +110,10 @@ class _Composer(yaml.SafeLoader):
                 mark = self.peek_event().start_mark
                 raise YamlTooLarge(f"{self.source}:{mark.line + 1}:{mark.column + 1}: nested more than {MAX_DEPTH} "
                                   "levels deep; a job file is a few levels of keys and lists")
+            if not self.check_event(yaml.AliasEvent):
+                self.composed += 1  # written out (an alias's values are counted by _measure, once composed)
+                if self.composed > self.max_nodes:  # stop reading here: a 1 MiB list would take seconds
+                    raise YamlTooLarge(f"{self.source}: more than {self.max_nodes:,} values; a job file is small")
             return super().compose_node(parent, index)
         finally:
             self.depth -= collection
@@ -209,7 +213,7 @@ def parse_yaml(text: str, source: str, max_nodes: int = MAX_NODES) -> Any:
         raise NotText(f"{source}: contains a NUL byte; a job file is text")
     loader = None
     try:
-        loader = _Composer(text, source)  # PyYAML's reader checks every character here: inside the try
+        loader = _Composer(text, source, max_nodes)  # PyYAML's reader checks every character here: in the try
         node = loader.get_single_node()
         if node is not None:
             _measure(node, source, max_nodes)
