@@ -123,6 +123,11 @@ HOSTILE = [
     ("sbatch-wrap", ["sbatch --wrap={{ job.slurm.partition | shquote }}"], ["slurm.partition=touch P"], 2, False),
     ("ssh", ["ssh -p 22 node1 echo {{ job.slurm.partition | shquote }}"], ["slurm.partition=$(touch P)"], 2, False),
     ("watch", ["watch -n 1 echo {{ job.slurm.partition | shquote }}"], ["slurm.partition=$(touch P)"], 2, False),
+    # S6: a value keeps its filter's quoting in code only where the template's own quotes kept it as written
+    ("bash-c-value-outside-the-template-quotes", ['bash -c "echo "{{ job.slurm.partition | shquote }}'],
+     ["slurm.partition=a; touch P"], 2, True),
+    ("eval-value-quotes-removed", ["eval echo {{ job.slurm.partition | shquote }}"], ["slurm.partition=a; touch P"], 2,
+     True),
     # Refused without running anything, each for its own reason:
     ("assignment-name", ["{{ job.slurm.partition }}=1"], ["slurm.partition=PATH"], 2, False),
     ("brace-expansion", ["echo {a,{{ job.slurm.partition }}}"], ["slurm.partition=b,c"], 2, False),
@@ -164,6 +169,12 @@ INERT = [
     ("arguments-of-programs-that-run-code", ["flock ./lock -c 'echo \"$0\"' {{ job.slurm.partition | shquote }}",
                                              "su -c true root {{ job.slurm.partition | shquote }} || true"],
      [f"slurm.partition={P}"]),
+    ("quoted-values-in-code-the-template-quotes", [
+        'bash -c "cd /tmp && echo {{ job.slurm.partition | shquote }} {{ job.slurm.modules | map(\'shquote\') | join(\' \') }}"',
+        "eval \"echo {{ job.slurm.partition | shquote }}\"", 'bash <<< "echo {{ job.slurm.partition | shquote }}"'],
+     ["slurm.partition=a b; touch P", "slurm.modules=[time, 'a;touch P']"]),  # in double quotes: no $ ` \\
+    ("quoted-value-in-a-quoted-heredoc-bash-reads", ["bash <<'EOF'", "echo {{ job.slurm.partition | shquote }}", "EOF"],
+     [f"slurm.partition={P}; `touch P` a b"]),
     ("sbatch-line", ["#SBATCH --comment={{ job.slurm.partition | sbatch }}"], ["slurm.partition='a b''c\"d \\ #e\\'"]),
 ]
 

@@ -164,14 +164,19 @@ class Lexer(Reader):
         self.line = saved
 
     def relex(self, chars: Sequence[tuple[str, Origin | None]], what: str) -> None:
-        """Text a command runs as code (``eval``, ``bash -c``, ``trap``, a heredoc a shell reads)."""
+        """Text a command runs as code (``eval``, ``bash -c``, ``trap``, a heredoc a shell reads); each value's
+        kind as ``chars`` give it (:meth:`~.words.Word.code_chars`: bare where its quotes were removed)."""
         if self.depth >= MAX_NESTING:
             raise Unreadable("code that runs code is nested too deep")
         regions: list[Region] = []
+        whole = {o.index: sum(r.end - r.start for r in self.regions if r.origin.index == o.index)
+                 for _, o in chars if o is not None}
+        present = {index: sum(1 for _, o in chars if o is not None and o.index == index) for index in whole}
         for at, (_, origin) in enumerate(chars):
             if origin is None:
                 continue
-            origin = Origin(origin.index, RAW)  # its quotes were removed: the shell that runs it sees it bare
+            if present[origin.index] != whole[origin.index]:  # part of it is not here: its quoting is not either
+                origin = Origin(origin.index, RAW)
             if regions and regions[-1].origin == origin and regions[-1].end == at:
                 regions[-1] = Region(regions[-1].start, at + 1, origin)
             else:

@@ -12,7 +12,7 @@ from typing import Sequence
 from . import rules
 from .marks import Origin, Region
 from .rules import Unsafe
-from .words import EXPANSION, IDENT_START, Word
+from .words import EXPANSION, IDENT_START, TEMPLATE_QUOTED, Word
 
 META = frozenset(" \t\n;&|()<>")
 _SPECIAL_PARAMS = frozenset("@*#?$!-0123456789")
@@ -111,15 +111,15 @@ class Reader:
         return word
 
     def single_quoted(self, word: Word) -> None:
-        self.take()
+        quoted = TEMPLATE_QUOTED if self.take()[1] is None else True
         self.stack.append("sq")
         while self.peek() != "'":
-            word.add(*self.take(), True)
+            word.add(*self.take(), quoted)
         self.take()
         self.stack.pop()
 
     def double_quoted(self, word: Word) -> None:
-        self.take()
+        quoted = TEMPLATE_QUOTED if self.take()[1] is None else True
         self.stack.append("dq")
         while True:
             c = self.peek()
@@ -139,7 +139,7 @@ class Reader:
             elif c == "`":
                 self.backquoted(word)
             else:
-                word.add(*self.take(), True)
+                word.add(*self.take(), quoted)
         self.stack.pop()
 
     def dollar(self, word: Word, *, quoted: bool) -> None:

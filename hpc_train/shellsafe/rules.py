@@ -202,7 +202,7 @@ def _check_arguments(words: list["Word"], command: "Command", relex: Relex, inte
     elif name == "trap":
         actions = [w for w in args if not w.literal.startswith("-")]
         if actions and len(actions) > 1:
-            relex(actions[0].chars_with_origins(), "trap")
+            relex(actions[0].code_chars(), "trap")
     elif name == "let":
         for word in args:
             _refuse_in(word, DIGITS, WHERE["arith"])
@@ -238,9 +238,9 @@ def _check_code_arguments(name: str, args: Sequence["Word"], relex: Relex) -> No
         text = word.literal
         for option in _CODE_OPTIONS.get(name, ()):
             if before is not None and before.literal == option and not before.tainted:
-                relex(word.chars_with_origins(), f"{name} {option}")
+                relex(word.code_chars(), f"{name} {option}")
             elif option.startswith("--") and text.startswith(option + "="):
-                relex(word.chars_with_origins()[len(option) + 1:], f"{name} {option}")
+                relex(word.code_chars()[len(option) + 1:], f"{name} {option}")
     if name not in _REMOTE_SHELLS:
         return
     i = 0
@@ -258,7 +258,7 @@ def _joined(words: Sequence["Word"]) -> list[tuple[str, Origin | None]]:
     for i, word in enumerate(words):
         if i:
             chars.append((" ", None))
-        chars.extend(word.chars_with_origins())
+        chars.extend(word.code_chars())
     return chars
 
 
@@ -296,7 +296,7 @@ def _check_shells(words: Sequence["Word"], command: "Command", relex: Relex) -> 
         reads_c, reads_stdin, operands = _shell_invocation(words[at + 1:])
         if reads_c:
             if operands:
-                relex(operands[0].chars_with_origins(), f"{_program(word)} -c")
+                relex(operands[0].code_chars(), f"{_program(word)} -c")
             return
         if reads_stdin or not operands or operands[0].literal in STDIN_FILES:
             _stdin_is_code(command, relex, _program(word))
@@ -334,7 +334,7 @@ def _stdin_is_code(command: "Command", relex: Relex, reader: str) -> None:
     for heredoc in command.heredocs:
         relex(heredoc.body, f"{reader} reading a heredoc")
     for word in command.herestrings:
-        relex(word.chars_with_origins(), f"{reader} reading a here-string")
+        relex(word.code_chars(), f"{reader} reading a here-string")
     origin = command.piped_in()
     if origin is not None:  # what the commands before the pipe print is code: no job value may be in them
         raise Unsafe(origin, f"in a pipe that feeds {reader}, which runs what it reads as code")
