@@ -273,3 +273,12 @@ def test_an_export_list_of_other_variables_is_kept(tmp_path):
     spec, _ = resolve_job(None, site=NO_SITE, sets=sets)
     assert spec.slurm.extra_sbatch["export"] == "ALL,MY_ENV=1"
     assert "#SBATCH --export=ALL,MY_ENV=1" in render_sbatch(spec, runs_root=str(tmp_path), python=sys.executable)
+
+
+def test_a_heredoc_delimiter_with_an_expansion_is_not_read_past(tmp_path):
+    # Review of issue 19, N1: `cat <<$X` never matched its end line, so the rest of the script was taken for the
+    # heredoc's body and a value after it was not checked (with the launches-itself marker it ran).
+    lines = ["cat <<$X", "x", "$X", "{{ job.slurm.partition }} P"]
+    with pytest.raises(TemplateError, match=r"custom\.j2: the script cannot be read as shell \(a heredoc delimiter "
+                                            r"with an expansion in it\); job values cannot be checked"):
+        _render(tmp_path, lines, ["slurm.partition=touch"])

@@ -240,6 +240,8 @@ class Lexer(Reader):
             word = self.word()
             if word.tainted:
                 raise Unsafe(next(o for _, o, _ in word.chars if o is not None), "as the line that ends a heredoc")
+            if word.dynamic:  # bash expands nothing in it: <<$X ends at a line `$X`, which this reader cannot spell
+                raise Unreadable("a heredoc delimiter with an expansion in it")
             heredoc = Heredoc(word.literal, any(q for _, _, q in word.chars), strip_tabs)
             self.heredocs_at.append((self.i, heredoc))
             self.pending.append(heredoc)
