@@ -175,6 +175,8 @@ INERT = [
      ["slurm.partition=a b; touch P", "slurm.modules=[time, 'a;touch P']"]),  # in double quotes: no $ ` \\
     ("quoted-value-in-a-quoted-heredoc-bash-reads", ["bash <<'EOF'", "echo {{ job.slurm.partition | shquote }}", "EOF"],
      [f"slurm.partition={P}; `touch P` a b"]),
+    ("names-a-wrapper-looks-up", ["command -v {{ job.slurm.partition | shquote }} >/dev/null || echo missing",
+                                  "env -u {{ job.slurm.partition | shquote }} true"], ["slurm.partition=test"]),
     ("sbatch-line", ["#SBATCH --comment={{ job.slurm.partition | sbatch }}"], ["slurm.partition='a b''c\"d \\ #e\\'"]),
 ]
 

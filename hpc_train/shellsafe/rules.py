@@ -193,7 +193,10 @@ def _check_arguments(words: list["Word"], command: "Command", relex: Relex, inte
         for word in args:
             if name == "env" and word.assignment_name is not None:
                 _check_assigned(word, integers)  # env BASH_ENV=... bash
-        rest = [w for w in args if not w.literal.startswith("-") and w.assignment_name is None]
+        if name == "command" and any(w.literal[:1] == "-" and set(w.literal[1:]) & {"v", "V"} for w in args):
+            return  # command -v NAME looks NAME up, runs nothing
+        rest = [w for before, w in zip([None, *args], args) if not w.literal.startswith("-")
+                and w.assignment_name is None and not _is_option_argument(name, before)]
         if rest:
             check_command(command.with_words(rest), relex, integers)
         return
@@ -251,6 +254,14 @@ def _check_code_arguments(name: str, args: Sequence["Word"], relex: Relex) -> No
     code = operands[1:] if name == "ssh" else operands
     if code:
         relex(_joined(code), name)
+
+
+_WRAPPER_OPTION_ARGS = {"env": ("-u", "--unset", "-C", "--chdir", "-S", "--split-string"), "exec": ("-a",)}
+
+
+def _is_option_argument(wrapper: str, before: "Word | None") -> bool:
+    """``env -u NAME``: the word after an option that takes one is not the command the wrapper runs."""
+    return before is not None and not before.tainted and before.literal in _WRAPPER_OPTION_ARGS.get(wrapper, ())
 
 
 def _joined(words: Sequence["Word"]) -> list[tuple[str, Origin | None]]:
