@@ -82,9 +82,11 @@ def comment(value: Any) -> ShellSafe:
     return ShellSafe(shlex.quote(" ".join(str(value).split())))
 
 
-def join(items: Any, separator: str = "") -> str:
-    """Jinja's ``join``, keeping words that were quoted (``modules | map('shquote') | join(' ')``) safe."""
-    parts = list(items)
+@jinja2.pass_environment
+def join(env: jinja2.Environment, items: Any, separator: str = "", attribute: str | int | None = None) -> str:
+    """Jinja's ``join`` (``attribute=`` included), keeping words that were quoted
+    (``modules | map('shquote') | join(' ')``) safe."""
+    parts = list(items) if attribute is None else [jinja2.filters.make_attrgetter(env, attribute)(i) for i in items]
     text = separator.join(str(p) for p in parts)
     words_safe = all(isinstance(p, ShellSafe) or _PLAIN_WORD.match(str(p)) for p in parts)
     return ShellSafe(text) if words_safe and _WORD_SEPARATOR.match(separator) else text

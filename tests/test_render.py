@@ -316,6 +316,16 @@ def test_a_jinja_lexer_error_names_the_file_and_says_raw(tmp_path, where):
         render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path])
 
 
+def test_join_takes_jinjas_attribute_argument(tmp_path):
+    # Review of issue 19, N3: the override of join dropped Jinja's attribute= (a TypeError at render time).
+    (tmp_path / "j.sbatch.j2").write_text("#!/bin/bash\n# {{ [job.slurm, job.slurm] | join(',', attribute='partition') }}"
+                                          "\n{{ job.slurm.modules | map('shquote') | join(' ') }}\nsrun true\n")
+    spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=j.sbatch.j2", "slurm.partition=gpu",
+                                                    "slurm.modules=[a b]"])
+    assert render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path]).splitlines()[1:3] == [
+        "# gpu,gpu", "'a b'"]
+
+
 def test_undefined_variable_names_file_and_line(tmp_path):
     (tmp_path / "undef.sbatch.j2").write_text("#!/bin/bash\n# ok\necho {{ job.slurm.no_such_field }}\n")
     spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=undef.sbatch.j2"])
