@@ -179,8 +179,16 @@ def test_only(script_path: str) -> str:
     result = run_command(["sbatch", "--test-only", script_path], check=False)
     text = (result.stderr + result.stdout).strip()
     if result.returncode != 0:
+        if any(sign in text.lower() for sign in _UNREACHED):
+            raise SubmitError(f"Slurm was not reached, so it did not judge this job (sbatch --test-only: "
+                              f"{slurm_message(text)}); check that slurmctld is up and this host's slurm.conf")
         raise SubmitError(f"Slurm would refuse this job: {slurm_message(text)}")
     return text.splitlines()[-1] if text else "ok"
+
+
+_UNREACHED = ("unable to contact slurm controller", "failed to fetch config", "socket timed out",
+              "connection refused", "zero bytes were transmitted or received")
+"""How sbatch says it never reached slurmctld (rather than that slurmctld refused the job)."""
 
 
 def partition_exists(name: str) -> bool:
