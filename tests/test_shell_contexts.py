@@ -128,6 +128,15 @@ HOSTILE = [
      ["slurm.partition=a; touch P"], 2, True),
     ("eval-value-quotes-removed", ["eval echo {{ job.slurm.partition | shquote }}"], ["slurm.partition=a; touch P"], 2,
      True),
+    # What a $( ) holding a job value prints is that value: code where the shell runs what it is given
+    ("eval-command-substitution", ['eval "$(echo {{ job.slurm.partition | shquote }})"'], ["slurm.partition=touch P"],
+     2, True),
+    ("bash-c-command-substitution", ['bash -c "$(printf %s {{ job.slurm.partition | shquote }})"'],
+     ["slurm.partition=touch P"], 2, True),
+    ("here-string-of-a-substitution", ['bash <<< "$(echo {{ job.slurm.partition | shquote }})"'],
+     ["slurm.partition=touch P"], 2, True),
+    ("arithmetic-test-of-a-substitution", ['[[ "$(echo {{ job.slurm.partition | shquote }})" -eq 1 ]] || true'],
+     [f"slurm.partition={INDEXED}"], 2, True),
     # Refused without running anything, each for its own reason:
     ("assignment-name", ["{{ job.slurm.partition }}=1"], ["slurm.partition=PATH"], 2, False),
     ("brace-expansion", ["echo {a,{{ job.slurm.partition }}}"], ["slurm.partition=b,c"], 2, False),

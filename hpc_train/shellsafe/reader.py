@@ -143,14 +143,17 @@ class Reader:
         self.stack.pop()
 
     def dollar(self, word: Word, *, quoted: bool) -> None:
+        start = self.i
         self.take()
         c = self.peek()
+        printed: Origin | None = None
         if self.at("(("):
             self.take(), self.take()
             self.arithmetic("))")
         elif c == "(":
             self.take()
             self.nested(")")
+            printed = self.tainted_between(start, self.i)  # what $( ) prints may be a job value: code to eval
         elif c == "{":
             self.take()
             self.parameter()
@@ -171,7 +174,7 @@ class Reader:
         else:
             word.add("$", None, quoted)
             return
-        word.add(EXPANSION, None, quoted)
+        word.add(EXPANSION, printed, quoted)
         word.dynamic = True
 
     def arithmetic(self, end: str) -> None:
