@@ -106,15 +106,15 @@ def progress(run_dir: Path) -> dict[str, Any]:
     return {k: round(last[k], 4) if isinstance(last[k], float) else last[k] for k in keep if k in last}
 
 
-def _slurm_jobs(runs: Sequence[Run]) -> dict[str, slurm_cli.JobState]:
-    """Slurm's view of every Slurm run's job, asked once for all of them (a failing squeue makes them
-    ``unknown``, with its words, and the other runs are still listed)."""
-    return slurm_cli.job_states([r.job_id for r in runs if r.on_slurm], listing=True)
+def _slurm_jobs(runs: Sequence[Run], listing: bool = False) -> dict[str, slurm_cli.JobState]:
+    """Slurm's view of every Slurm run's job, asked once for all of them (``listing``: a failing squeue makes
+    them ``unknown``, with its words, and the other runs are still listed; else it is an error, exit 2)."""
+    return slurm_cli.job_states([r.job_id for r in runs if r.on_slurm], listing=listing)
 
 
-def run_statuses(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """:func:`run_status` of each run (``status``)."""
-    jobs = _slurm_jobs(runs)
+def run_statuses(runs: Sequence[Run], *, listing: bool = False) -> list[dict[str, Any]]:
+    """:func:`run_status` of each run (``status``; ``listing``: plain ``status``, every run here)."""
+    jobs = _slurm_jobs(runs, listing)
     return [run_status(r, jobs.get(r.job_id)) for r in runs]
 
 

@@ -125,7 +125,7 @@ def job_state(job_id: str) -> JobState:
 def job_states(job_ids: Sequence[str], *, listing: bool = False) -> dict[str, JobState]:
     """Each job's state from one squeue call, then one sacct call for those no longer queued (a report
     over a sweep of 200 runs asks slurmctld twice, not 400 times). A failing squeue is an error with its
-    own message (SubmitError, exit 2) — for a ``listing`` (status, report) every job is UNKNOWN with that
+    own message (SubmitError, exit 2) — for a ``listing`` (plain ``status``) every job is UNKNOWN with that
     message instead, so that the runs that can be read are still listed; a failing or absent sacct gives
     UNKNOWN with sacct's own words as the reason; without squeue on PATH every job is UNKNOWN, "no Slurm
     here"."""
