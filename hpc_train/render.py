@@ -82,9 +82,11 @@ def comment(value: Any) -> ShellSafe:
     return ShellSafe(shlex.quote(" ".join(str(value).split())))
 
 
-def join(items: Any, separator: str = "") -> str:
-    """Jinja's ``join``, keeping words that were quoted (``modules | map('shquote') | join(' ')``) safe."""
-    parts = list(items)
+@jinja2.pass_environment
+def join(env: jinja2.Environment, items: Any, separator: str = "", attribute: str | int | None = None) -> str:
+    """Jinja's ``join`` (``attribute=`` included), keeping words that were quoted
+    (``modules | map('shquote') | join(' ')``) safe."""
+    parts = list(items) if attribute is None else [jinja2.filters.make_attrgetter(env, attribute)(i) for i in items]
     text = separator.join(str(p) for p in parts)
     words_safe = all(isinstance(p, ShellSafe) or _PLAIN_WORD.match(str(p)) for p in parts)
     return ShellSafe(text) if words_safe and _WORD_SEPARATOR.match(separator) else text
@@ -291,11 +293,27 @@ def render_sbatch(
     return _render(template, context)
 
 
+def _syntax_error(exc: jinja2.TemplateSyntaxError, env: jinja2.Environment, name: str | None) -> TemplateError:
+    """The error's template file and line (Jinja's lexer gives no file name: it is looked up), and what to do
+    when shell text reads as Jinja (``${#arr[@]}`` opens a comment)."""
+    where = exc.filename
+    if where is None and env.loader is not None and (exc.name or name):
+        try:
+            where = env.loader.get_source(env, exc.name or name)[1]
+        except jinja2.TemplateNotFound:
+            where = exc.name or name
+    hint = ""
+    if "comment" in (exc.message or ""):
+        hint = "; shell text with {# in it (${#arr[@]}) opens a Jinja comment: wrap it in {% raw %}...{% endraw %}"
+    return TemplateError(f"{where or name}:{exc.lineno}: template syntax error: {exc.message}{hint}")
+
+
 def _load_template(name: str, site_dirs: Sequence[Path]) -> jinja2.Template:
+    env = environment(site_dirs)
     try:
-        return environment(site_dirs).get_template(name)
+        return env.get_template(name)
     except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"{exc.filename}:{exc.lineno}: template syntax error: {exc.message}") from None
+        raise _syntax_error(exc, env, name) from None
     except jinja2.TemplateNotFound as exc:
         where = ", ".join(str(d) for d in search_path(site_dirs))
         raise TemplateError(f"template {exc.name!r} not found; search path: {where}") from None
@@ -367,7 +385,7 @@ def _render_marked(template: jinja2.Template, context: dict[str, Any]) -> str:
     except TemplateError:
         raise
     except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"{exc.filename}:{exc.lineno}: template syntax error: {exc.message}") from None
+        raise _syntax_error(exc, template.environment, None) from None
     except jinja2.TemplateNotFound as exc:
         raise TemplateError(f"{_template_location(exc)}: included template {exc.name!r} not found") from None
     except jinja2.UndefinedError as exc:

@@ -61,3 +61,10 @@ def test_the_value_at_a_closed_bound_passes_the_bound(key, bounds, number):
         resolve(None, sets=[f"{key}={number(bounds.low)}"], site=NO_SITE)
     except ConfigError as exc:  # a rule between fields may still refuse it, but not this bound
         assert not str(exc).startswith(f"{key} must be "), str(exc)
+
+
+def test_a_negative_data_seed_is_refused():
+    # Review of issue 19, M10: numpy's RandomState(-1) raised a ValueError traceback in the rank (the job queued).
+    with pytest.raises(ConfigError, match=r"train.data.seed must be 0 or more, got -1"):
+        resolve(None, sets=["train.data.seed=-1"], site=NO_SITE)
+    assert resolve(None, sets=["train.data.seed=4294967"], site=NO_SITE).spec.train.data.seed == 4294967

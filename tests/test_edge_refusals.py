@@ -105,3 +105,11 @@ def test_templates_show_takes_names_on_the_search_path_only(tmp_path):
         assert "root:" not in result.stdout and "secret" not in result.stdout
     shown = cli("templates", "show", "partials/bootstrap.j2", cwd=tmp_path, env=env)
     assert shown.returncode == 0 and "module purge" in shown.stdout
+
+
+def test_the_local_runner_without_its_plan_says_how_it_is_run():
+    # Review of issue 19, N6: `python -m hpc_train.local` with no arguments was an IndexError traceback.
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-m", "hpc_train.local"], capture_output=True, text=True, timeout=60)
+    assert_refused(result, "usage: python -m hpc_train.local PLAN.json | --pack RUN_DIR...")

@@ -68,3 +68,24 @@ def test_render_and_submit_take_epochs_and_say_what_changed():
     assert local.exit_code == 0 and "--epochs 2: train.epochs 30 -> 2" in local.stderr
     bad = runner.invoke(cli, ["render", "--epochs", "0"])
     assert bad.exit_code == 2 and "0 is not in the range x>=1" in bad.output
+
+
+def test_epochs_past_the_integer_range_are_refused_before_anything_is_written(tmp_path):
+    # Review of issue 19, M9: --epochs came after the reader's integer check; render printed a job.yaml its
+    # own reader refused, and submit created the run before the rank refused it.
+    from hpc_train.config import NO_SITE, resolve
+    from tests.cli_helpers import assert_refused, cli as run_cli, tree
+
+    with pytest.raises(ConfigError, match=r"--epochs 99999999999: train.epochs would be 99999999999, out of range"):
+        resolve(None, site=NO_SITE, epochs=99_999_999_999)
+    with pytest.raises(ConfigError, match=r"train.two_stage.crt_epochs would be 66666666667, out of range"):
+        resolve(None, site=NO_SITE, sets=["train.two_stage.crt_epochs=1000"], epochs=2_000_000_000)
+    assert resolve(None, site=NO_SITE, epochs=2**31 - 1).spec.train.epochs == 2**31 - 1
+    before = tree(tmp_path)
+    for args in (["render", "--epochs", "99999999999", "-o", "s.sbatch"],
+                 ["submit", "--cluster", "local", "--gpus", "0", "--epochs", "99999999999"]):
+        assert_refused(run_cli(*args, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                                                         "HPC_TRAIN_STATE_DIR": str(tmp_path / "state"),
+                                                         "PYTHONPATH": __import__("os").environ.get("PYTHONPATH", "")}),
+                       "out of range")
+    assert tree(tmp_path) == before

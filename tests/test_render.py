@@ -303,6 +303,29 @@ def test_template_syntax_error_names_file_and_line(tmp_path):
         render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path])
 
 
+@pytest.mark.parametrize("where", ["template", "partial"])
+def test_a_jinja_lexer_error_names_the_file_and_says_raw(tmp_path, where):
+    # Review of issue 19, S9: shell's ${#arr[@]} opens a Jinja comment; the lexer's error named "None:2".
+    shell = 'arr=(1); echo "${#arr[@]}"\n'
+    (tmp_path / "p.j2").write_text(shell)
+    (tmp_path / "c.sbatch.j2").write_text("#!/bin/bash\n" + ('{% include "p.j2" %}\n' if where == "partial" else shell))
+    spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=c.sbatch.j2"])
+    file = "p.j2:1" if where == "partial" else "c.sbatch.j2:2"
+    with pytest.raises(TemplateError, match=rf"^{tmp_path}/{file}: template syntax error: Missing end of comment tag; .*"
+                                            r"\{% raw %\}"):
+        render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path])
+
+
+def test_join_takes_jinjas_attribute_argument(tmp_path):
+    # Review of issue 19, N3: the override of join dropped Jinja's attribute= (a TypeError at render time).
+    (tmp_path / "j.sbatch.j2").write_text("#!/bin/bash\n# {{ [job.slurm, job.slurm] | join(',', attribute='partition') }}"
+                                          "\n{{ job.slurm.modules | map('shquote') | join(' ') }}\nsrun true\n")
+    spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=j.sbatch.j2", "slurm.partition=gpu",
+                                                    "slurm.modules=[a b]"])
+    assert render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path]).splitlines()[1:3] == [
+        "# gpu,gpu", "'a b'"]
+
+
 def test_undefined_variable_names_file_and_line(tmp_path):
     (tmp_path / "undef.sbatch.j2").write_text("#!/bin/bash\n# ok\necho {{ job.slurm.no_such_field }}\n")
     spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=undef.sbatch.j2"])

@@ -38,3 +38,44 @@ def test_a_large_index_drops_the_runs_that_are_gone_and_keeps_the_others(tmp_pat
     run_index.register([newest], tmp_path, prune_at_bytes=size)
     assert indexed_dirs() == [str(d) for d in (*live, newest)]
     assert not list(run_index.index_path().parent.glob(".runs.jsonl.*"))  # no temporary file left behind
+
+
+BROKEN_RECORDS = {"number": b"5", "list": b"[]", "empty": b"{}", "torn": b'{"job_id": "4', "not-utf8": b"\xff\xfe"}
+
+
+def test_a_run_json_that_is_not_a_record_is_unreadable_never_a_plain_sbatch(tmp_path):
+    # Review of issue 19, M11 and S2: `5` crashed every status (AttributeError); [], {} and torn JSON became a
+    # Slurm run whose job id is the directory name, which status asked squeue about and cancel would scancel.
+    for name, content in BROKEN_RECORDS.items():
+        run_dir = tmp_path / "group" / name
+        run_dir.mkdir(parents=True)
+        (run_dir / "run.json").write_bytes(content)
+        run = run_index.load_run(run_dir)
+        assert run.unreadable.startswith("run.json unreadable") and run.cluster == "unknown" and not run.on_slurm
+    plain = tmp_path / "group" / "4242"
+    plain.mkdir()
+    (plain / "job.yaml").write_text("name: x\n")  # a plain sbatch of a rendered script: no run.json
+    assert run_index.load_run(plain).on_slurm and run_index.load_run(plain).job_id == "4242"
+
+
+def test_status_lists_an_unreadable_run_beside_the_others_and_cancel_refuses_it(tmp_path):
+    import os
+
+    from tests.cli_helpers import assert_refused, cli
+
+    for name, content in BROKEN_RECORDS.items():
+        (tmp_path / "runs" / "group" / name).mkdir(parents=True)
+        (tmp_path / "runs" / "group" / name / "run.json").write_bytes(content)
+    make_run(tmp_path / "runs", "local-1")
+    (tmp_path / "runs" / "group" / "local-1" / "run.json").write_text(json.dumps({"job_id": "local-1",
+                                                                                "cluster": "local"}))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HPC_TRAIN_STATE_DIR": str(tmp_path / "state"),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    listed = cli("status", "--json", cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr
+    statuses = {s["run"]: s for s in json.loads(listed.stdout)}
+    assert set(statuses) == {f"group/{n}" for n in [*BROKEN_RECORDS, "local-1"]}
+    for name in BROKEN_RECORDS:
+        assert statuses[f"group/{name}"]["state"] == "unknown" and "slurm_state" not in statuses[f"group/{name}"]
+        assert statuses[f"group/{name}"]["reason"].startswith("run.json unreadable")
+    assert_refused(cli("cancel", "group/empty", cwd=tmp_path, env=env), "run.json unreadable (not a run record)")

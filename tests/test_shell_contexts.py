@@ -54,6 +54,89 @@ HOSTILE = [
     ("read", ["read {{ job.slurm.partition | shquote }} <<< 1"], [f"slurm.partition={INDEXED}"], 2, True),
     ("indirect-expansion", ["export A={{ job.slurm.env.A | shquote }}", 'echo "${!{{ job.slurm.partition }}}"'],
      [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    # Review of issue 19, M1: bash's options scanned as bash scans them, so the -c code is found
+    *[(f"bash-options-{name}", [f"bash {options} {{{{ job.slurm.partition | shquote }}}}"], ["slurm.partition=touch P"],
+       2, True) for name, options in [("euo-pipefail", "-euo pipefail -c"), ("o-pipefail", "-o pipefail -c"),
+                                      ("O-extglob", "-O extglob -c"), ("rcfile", "--rcfile /dev/null -c"),
+                                      ("c-dashdash", "-c --"), ("c-then-e", "-c -e"), ("c-plus-o", "+o posix -c"),
+                                      ("s-stdin", "-s arg <<<")]],
+    # M2: a shell reading its code from a pipe, a file descriptor or a process substitution
+    ("pipe-to-bash", ["echo {{ job.slurm.partition | shquote }} | bash"], ["slurm.partition=touch P"], 2, True),
+    ("pipe-to-bash-s", ["echo {{ job.slurm.partition | shquote }} | tr x y |& bash -s a"], ["slurm.partition=touch P"],
+     2, True),
+    ("heredoc-piped-to-bash", ["cat <<EOF | bash", "{{ job.slurm.partition }} P", "EOF"], ["slurm.partition=touch"],
+     3, True),
+    ("quoted-heredoc-piped-to-bash", ["cat <<'EOF' | bash", "{{ job.slurm.partition }} P", "EOF"],
+     ["slurm.partition=touch"], 3, True),
+    ("group-piped-to-sh", ["{", "  echo {{ job.slurm.partition | shquote }}", "} | sh"], ["slurm.partition=touch P"],
+     3, True),
+    ("bash-dev-fd-0", ["bash /dev/fd/0 <<EOF", "{{ job.slurm.partition }} P", "EOF"], ["slurm.partition=touch"], 3,
+     True),
+    ("dot-dev-fd-0", [". /dev/fd/0 <<< {{ job.slurm.partition | shquote }}"], ["slurm.partition=touch P"], 2, True),
+    ("bash-proc-self-fd-0", ["bash /proc/self/fd/0 <<< {{ job.slurm.partition | shquote }}"],
+     ["slurm.partition=touch P"], 2, True),
+    ("bash-process-substitution", ["bash <(echo {{ job.slurm.partition | shquote }})"], ["slurm.partition=touch P"], 2,
+     True),
+    ("source-process-substitution", ["source <(echo {{ job.slurm.partition | shquote }})"], ["slurm.partition=touch P"],
+     2, True),
+    ("job-value-as-shell-option", ["bash {{ job.slurm.partition | shquote }} 'touch P'"], ["slurm.partition=-c"], 2,
+     True),
+    # M3: declare evaluates a ( ) value as an array's assignment (-a, -A, or a variable already an array)
+    ("declare-a", ["declare -a arr={{ job.slurm.partition | shquote }}"], ["slurm.partition=([$(touch P)]=1)"], 2,
+     True),
+    ("declare-A", ["declare -A map={{ job.slurm.partition | shquote }}"], ["slurm.partition=([$(touch P)]=1)"], 2,
+     True),
+    ("local-a", ["f() { local -a arr={{ job.slurm.partition | shquote }}; }; f"], ["slurm.partition=([$(touch P)]=1)"],
+     2, True),
+    ("function-local-a", ["function f { local -a arr={{ job.slurm.partition | shquote }}; }; f"],
+     ["slurm.partition=([$(touch P)]=1)"], 2, True),
+    ("declare-on-an-array", ["arr=(); declare arr={{ job.slurm.partition | shquote }}"],
+     ["slurm.partition=([0]=$(touch P))"], 2, True),
+    # M4: ${X:offset:length} is arithmetic, its names evaluated as code
+    ("substring-offset", ["export A={{ job.slurm.env.A | shquote }}", 'X=abc; echo "${X:{{ job.slurm.partition }}}"'],
+     [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    ("substring-length", ["export A={{ job.slurm.env.A | shquote }}", 'X=abc; echo ${X:0:{{ job.slurm.partition }}}'],
+     [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    ("positional-slice",
+     ["export A={{ job.slurm.env.A | shquote }}", 'set -- a b; echo "${@:{{ job.slurm.partition }}}"'],
+     [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    # S5: an array assignment's elements are words, an unquoted [index]= before one arithmetic
+    ("array-assignment-index", ["export A={{ job.slurm.env.A | shquote }}", "arr=([{{ job.slurm.partition }}]=1)"],
+     [f"slurm.env.A={INDEXED}", "slurm.partition=A"], 3, True),
+    ("array-element-unquoted", ["arr=(a {{ job.slurm.partition }})"], ["slurm.partition=$(touch P)"], 2, True),
+    # S3: a value assigned to a variable bash runs (BASH_ENV, PS4 ...) or to one declared an integer
+    ("assigned-bash-env", ["BASH_ENV={{ job.slurm.partition | shquote }} bash -c true"], ["slurm.partition=$(touch P)"],
+     2, True),
+    ("env-bash-env", ["env BASH_ENV={{ job.slurm.partition | shquote }} bash -c true"], ["slurm.partition=$(touch P)"],
+     2, True),
+    ("export-ps4", ["export PS4={{ job.slurm.partition | shquote }}", "set -x", "true"], ["slurm.partition=$(touch P)"],
+     2, True),
+    ("declared-integer", ["declare -i N", "N={{ job.slurm.partition | shquote }}"], [f"slurm.partition={INDEXED}"], 3,
+     True),
+    # S4: programs that run an argument through sh
+    ("su-c", ["su -c {{ job.slurm.partition | shquote }} root"], ["slurm.partition=touch P"], 2, True),
+    ("runuser-command", ["/usr/sbin/runuser --command={{ job.slurm.partition | shquote }} root"], ["slurm.partition=touch P"],
+     2, True),
+    ("flock-c", ["flock ./lock -c {{ job.slurm.partition | shquote }}"], ["slurm.partition=touch P"], 2, True),
+    ("script-c", ["script -q -c {{ job.slurm.partition | shquote }} /dev/null"], ["slurm.partition=touch P"], 2, True),
+    ("env-S", ["env -S {{ job.slurm.partition | shquote }}"], ["slurm.partition=touch ${HOME}/P"], 2, True),
+    ("sbatch-wrap", ["sbatch --wrap={{ job.slurm.partition | shquote }}"], ["slurm.partition=touch P"], 2, False),
+    ("ssh", ["ssh -p 22 node1 echo {{ job.slurm.partition | shquote }}"], ["slurm.partition=$(touch P)"], 2, False),
+    ("watch", ["watch -n 1 echo {{ job.slurm.partition | shquote }}"], ["slurm.partition=$(touch P)"], 2, False),
+    # S6: a value keeps its filter's quoting in code only where the template's own quotes kept it as written
+    ("bash-c-value-outside-the-template-quotes", ['bash -c "echo "{{ job.slurm.partition | shquote }}'],
+     ["slurm.partition=a; touch P"], 2, True),
+    ("eval-value-quotes-removed", ["eval echo {{ job.slurm.partition | shquote }}"], ["slurm.partition=a; touch P"], 2,
+     True),
+    # What a $( ) holding a job value prints is that value: code where the shell runs what it is given
+    ("eval-command-substitution", ['eval "$(echo {{ job.slurm.partition | shquote }})"'], ["slurm.partition=touch P"],
+     2, True),
+    ("bash-c-command-substitution", ['bash -c "$(printf %s {{ job.slurm.partition | shquote }})"'],
+     ["slurm.partition=touch P"], 2, True),
+    ("here-string-of-a-substitution", ['bash <<< "$(echo {{ job.slurm.partition | shquote }})"'],
+     ["slurm.partition=touch P"], 2, True),
+    ("arithmetic-test-of-a-substitution", ['[[ "$(echo {{ job.slurm.partition | shquote }})" -eq 1 ]] || true'],
+     [f"slurm.partition={INDEXED}"], 2, True),
     # Refused without running anything, each for its own reason:
     ("assignment-name", ["{{ job.slurm.partition }}=1"], ["slurm.partition=PATH"], 2, False),
     ("brace-expansion", ["echo {a,{{ job.slurm.partition }}}"], ["slurm.partition=b,c"], 2, False),
@@ -74,6 +157,35 @@ INERT = [
      [f"slurm.partition={P}"]),
     ("export", ["export X={{ job.slurm.partition | shquote }}"], [f"slurm.partition={P}; `touch P` \"'"]),
     ("comment", ["# {{ job.slurm.partition }}"], [f"slurm.partition={P}"]),
+    ("bash-options-then-script",
+     ["bash -o pipefail --norc -O extglob -- /dev/null {{ job.slurm.partition | shquote }}"],
+     [f"slurm.partition={P}"]),
+    ("value-piped-to-a-program", ["echo {{ job.slurm.partition | shquote }} | tr a b | cat", "date | bash -s"],
+     [f"slurm.partition={P}"]),
+    ("process-substitution-to-a-program", ["cat <(echo {{ job.slurm.partition | shquote }})", "echo x | bash"],
+     [f"slurm.partition={P}"]),
+    ("declare-a-word", ["declare -a arr={{ job.slurm.partition | shquote }}", 'echo "${arr[0]}"'],
+     ["slurm.partition=[$(touch P)]=1 ($(touch P))"]),
+    ("substring-digits-and-defaults", ['X=abc; echo "${X:{{ job.slurm.nodes }}:1}" "${X:-{{ job.slurm.partition }}}"',
+                                       'echo "${Y:={{ job.slurm.partition }}}" "${X: -1}"'], ["slurm.partition=gpu"]),
+    ("array-elements", ['arr+=("{{ job.name }}")', "args=({{ job.slurm.partition | shquote }} --name",
+                        "  {{ job.name | shquote }}  # a comment", ")",
+                        "MODS=({{ job.slurm.modules | map('shquote') | join(' ') }}) x=1", 'echo "${arr[@]}"'],
+     [f"slurm.partition={P}", "slurm.modules=[time, eval, '$(touch P)']"]),
+    ("assigned-other-variables", ["X={{ job.slurm.partition | shquote }} BASH_ENV=/dev/null bash -c true",
+                                  "declare -i N=1; M={{ job.slurm.partition | shquote }}; N={{ job.slurm.nodes }}"],
+     [f"slurm.partition={P}"]),
+    ("arguments-of-programs-that-run-code", ["flock ./lock -c 'echo \"$0\"' {{ job.slurm.partition | shquote }}",
+                                             "su -c true root {{ job.slurm.partition | shquote }} || true"],
+     [f"slurm.partition={P}"]),
+    ("quoted-values-in-code-the-template-quotes", [
+        'bash -c "cd /tmp && echo {{ job.slurm.partition | shquote }} {{ job.slurm.modules | map(\'shquote\') | join(\' \') }}"',
+        "eval \"echo {{ job.slurm.partition | shquote }}\"", 'bash <<< "echo {{ job.slurm.partition | shquote }}"'],
+     ["slurm.partition=a b; touch P", "slurm.modules=[time, 'a;touch P']"]),  # in double quotes: no $ ` \\
+    ("quoted-value-in-a-quoted-heredoc-bash-reads", ["bash <<'EOF'", "echo {{ job.slurm.partition | shquote }}", "EOF"],
+     [f"slurm.partition={P}; `touch P` a b"]),
+    ("names-a-wrapper-looks-up", ["command -v {{ job.slurm.partition | shquote }} >/dev/null || echo missing",
+                                  "env -u {{ job.slurm.partition | shquote }} true"], ["slurm.partition=test"]),
     ("sbatch-line", ["#SBATCH --comment={{ job.slurm.partition | sbatch }}"], ["slurm.partition='a b''c\"d \\ #e\\'"]),
 ]
 
@@ -145,3 +257,39 @@ def test_an_environment_variable_bash_expands_is_refused(tmp_path, name):
     assert (tmp_path / "P").exists()
     with pytest.raises(ConfigError, match=f"slurm.env: {name} is read by every bash the job starts"):
         resolve_job(None, site=NO_SITE, sets=[f"slurm.env.{name}=$(touch P)"])
+
+
+EXPORTS = [("extra-sbatch", ["slurm.extra_sbatch.export=ALL,BASH_ENV=$(touch P)"], "slurm.extra_sbatch.export"),
+           ("srun-args", ['slurm.srun_args=["--export=ALL,BASH_ENV=$(touch P)"]'], "slurm.srun_args"),
+           ("srun-args-two-words", ['slurm.srun_args=[--export, "NONE,ENV=$(touch P)"]'], "slurm.srun_args"),
+           ("srun-export-env", ["slurm.env.SRUN_EXPORT_ENV=ALL,PS4=$(touch P)"], "slurm.env.SRUN_EXPORT_ENV"),
+           ("slurm-export-env", ["slurm.env.SLURM_EXPORT_ENV=ALL, BASH_ENV=x"], "slurm.env.SLURM_EXPORT_ENV"),
+           ("sbatch-export", ["slurm.env.SBATCH_EXPORT=BASH_ENV"], "slurm.env.SBATCH_EXPORT")]
+
+
+@pytest.mark.parametrize("case", EXPORTS, ids=[c[0] for c in EXPORTS])
+def test_an_export_list_never_sets_a_variable_bash_expands(case):
+    # Review of issue 19, M5: sbatch and srun export these into every shell of the job, as slurm.env would
+    # (the previous test shows bash running BASH_ENV's $( )).
+    from hpc_train.errors import ConfigError
+
+    _, sets, where = case
+    with pytest.raises(ConfigError, match=rf"{where}: exports (BASH_ENV|ENV|PS4), which every bash the job starts"):
+        resolve_job(None, site=NO_SITE, sets=sets)
+
+
+def test_an_export_list_of_other_variables_is_kept(tmp_path):
+    sets = ["slurm.extra_sbatch.export=ALL,MY_ENV=1", 'slurm.srun_args=["--export=ALL,NCCL_DEBUG=INFO"]',
+            "slurm.env.SRUN_EXPORT_ENV=ALL,BASHY=1"]
+    spec, _ = resolve_job(None, site=NO_SITE, sets=sets)
+    assert spec.slurm.extra_sbatch["export"] == "ALL,MY_ENV=1"
+    assert "#SBATCH --export=ALL,MY_ENV=1" in render_sbatch(spec, runs_root=str(tmp_path), python=sys.executable)
+
+
+def test_a_heredoc_delimiter_with_an_expansion_is_not_read_past(tmp_path):
+    # Review of issue 19, N1: `cat <<$X` never matched its end line, so the rest of the script was taken for the
+    # heredoc's body and a value after it was not checked (with the launches-itself marker it ran).
+    lines = ["cat <<$X", "x", "$X", "{{ job.slurm.partition }} P"]
+    with pytest.raises(TemplateError, match=r"custom\.j2: the script cannot be read as shell \(a heredoc delimiter "
+                                            r"with an expansion in it\); job values cannot be checked"):
+        _render(tmp_path, lines, ["slurm.partition=touch"])

@@ -102,6 +102,50 @@ def test_plain_status_without_slurm_lists_every_run(tmp_path, stub_slurm):
     assert [k for k in STATUS_FIELDS if k in one] == list(one)  # the documented fields, in their order
 
 
+def _unreachable_slurm_conf(tmp_path):
+    """A slurm.conf whose controller nobody listens for, asked with short timeouts."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=9\nAuthType=auth/none\n"
+                    "MessageTimeout=1\nTCPTimeout=1\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    return conf
+
+
+def test_a_test_only_that_never_reached_slurm_says_so(tmp_path, monkeypatch):
+    # Review of issue 19, N10: "Slurm would refuse this job: ... Unable to contact slurm controller": Slurm
+    # did not refuse it, it was not reached. The real sbatch, its controller out of reach.
+    import shutil
+
+    from hpc_train.errors import SubmitError
+    from hpc_train.slurm import client
+
+    assert shutil.which("sbatch"), "Slurm's client tools are a prerequisite of this suite (see tests/cluster)"
+    monkeypatch.setenv("SLURM_CONF", str(_unreachable_slurm_conf(tmp_path)))
+    (tmp_path / "job.sbatch").write_text("#!/bin/bash\n#SBATCH -n 1\nsrun true\n")
+    with pytest.raises(SubmitError, match=r"^Slurm was not reached, so it did not judge this job \(sbatch "
+                                          r"--test-only: .*Unable to contact slurm controller"):
+        client.test_only(str(tmp_path / "job.sbatch"))
+
+
+def test_plain_status_with_a_squeue_that_fails_lists_every_run(tmp_path):
+    # Review of issue 19, S1: the real squeue, its controller out of reach ("Unable to contact slurm
+    # controller"), failed the whole listing (exit 2) and hid the local runs.
+    import os
+    import shutil
+
+    assert shutil.which("squeue"), "Slurm's client tools are a prerequisite of this suite (see tests/cluster)"
+    conf = _unreachable_slurm_conf(tmp_path)
+    group = tmp_path / "runs" / "demo"
+    make_run(group, "4242", {"event": "running", "instance": "slurm:4242.0"}, cluster="slurm")
+    make_run(group, "local-9", *ended(0))
+    env = {"PATH": os.environ["PATH"], "SLURM_CONF": str(conf), "HOME": str(tmp_path),
+           "HPC_TRAIN_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    result = cli("status", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("demo/4242  job 4242  unknown  (reason squeue failed: "), lines[0]
+    assert "(last recorded: running)" in lines[0] and lines[1].startswith("demo/local-9  job local-9  completed")
+
+
 def test_report_lists_configurations_in_sweep_order_and_seeds_sorted(tmp_path):
     # A 4 x 3 loss x seed sweep: points 0-11, loss-major. Sorted by name as text (60_10 before 60_2) it came
     # out ce, logit_adjusted, focal, balanced_softmax, with seeds "1, 2, 0".

@@ -56,7 +56,7 @@ def _job_options() -> dict[str, Callable[..., Any]]:
                                  "--set train.amp=off). Repeatable."),
         "epochs": click.option("--epochs", type=click.IntRange(min=1), metavar="N",
                                help="Train N epochs, every epoch-indexed key (warm-up, milestones, DRW, cRT) rescaled "
-                                    "in proportion; prints what it changed."),
+                                    "in proportion (every result at most 2^31 - 1); prints what it changed."),
     }
 
 

@@ -45,7 +45,7 @@ def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
         data: object = sweeps.sweep_status(chosen[0], rows).to_dict() if is_sweep else rows[0]
         lines = [sweep_line(data) if is_sweep else run_line(rows[0])]  # type: ignore[arg-type]
     else:
-        rows = run_statuses(find_runs(root))
+        rows = run_statuses(find_runs(root), listing=True)  # a squeue that fails hides no run
         data, lines = rows, [run_line(row) for row in rows] or [f"no runs under {root}, and none submitted from here"]
     if as_json:
         echo_json(data)

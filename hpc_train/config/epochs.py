@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .job import JobSpec
+from .typed import MAX_INT
 from .validate import validate
 
 
@@ -68,6 +69,10 @@ def rescale(spec: JobSpec, epochs: int) -> tuple[JobSpec, list[Change]]:
         ("train.two_stage.crt_epochs", t.two_stage.crt_epochs, two.crt_epochs),
     ]
     changes = [Change(k, a, b) for k, a, b in pairs if a != b]
+    for change in changes:  # the typed reader caps every integer a file or --set gives; --epochs comes after it
+        if max(change.new if isinstance(change.new, list) else [change.new or 0], default=0) > MAX_INT:
+            raise ConfigError(f"--epochs {epochs}: {change.key} would be {_show(change.new)}, out of range (at "
+                              f"most {MAX_INT:,}); ask for fewer epochs")
     return validate(dataclasses.replace(spec, train=train)), changes
 
 

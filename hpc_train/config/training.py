@@ -42,8 +42,9 @@ class DataConfig:
     """n_max / n_min of the training set (1 keeps it balanced)."""
     profile: Literal["exp", "step"] = "exp"
     """How class sizes fall from head to tail (LDAM-DRW's ``exp`` and ``step``)."""
-    seed: int = 0
-    """Seed of the long-tail subsampling and of the held-out splits (LDAM-DRW uses 0)."""
+    seed: int = bounded(0, low=0, says="0 or more")
+    """Seed of the long-tail subsampling and of the held-out splits (LDAM-DRW uses 0); numpy's RandomState
+    takes 0 to 2^32 - 1."""
     train_list: str | None = None
     """List-file data sets: ``relative/path label`` per line, paths relative to ``root`` (the list
     file itself: absolute, or relative to ``root``)."""

@@ -20,7 +20,7 @@ import typing
 from typing import Any, Literal, Mapping, Sequence
 
 from ..errors import ConfigError
-from .yaml_text import Scalar
+from .yaml_text import Scalar, check_text
 
 MAX_INT = 2**31 - 1
 """Every integer in a job fits Slurm's 32-bit fields; 10^20 nodes is a typo, not a request."""
@@ -107,9 +107,7 @@ def _bad(path: str, tp: Any, value: Any) -> ConfigError:
 
 
 def _text(value: str, path: str) -> str:
-    if "\0" in value:
-        raise ConfigError(f"{path}: contains a NUL byte; remove it")
-    return value
+    return check_text(value, path)
 
 
 def _checked_int(value: int, path: str) -> int:

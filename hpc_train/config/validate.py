@@ -13,6 +13,7 @@ import re
 import typing
 
 from ..errors import ConfigError
+from ..shellsafe import rules as shell_rules
 from . import bounds
 from .job import JobSpec, SlurmConfig, time_to_minutes
 from .plugins import is_import_path
@@ -162,13 +163,35 @@ def _validate_slurm(s: SlurmConfig, strategy: str) -> None:
                               "own script")
     if not (1024 <= s.master_port_base and s.master_port_base + s.master_port_span <= 65535 and s.master_port_span > 0):
         raise ConfigError("slurm.master_port_base/span must keep ports within 1024-65535")
+    _validate_exports(s)
 
 
-SHELL_READS = frozenset({"BASH_ENV", "ENV", "PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND", "SHELLOPTS", "BASHOPTS",
-                         "IFS"})
+EXPORT_LISTS = frozenset({"SBATCH_EXPORT", "SLURM_EXPORT_ENV", "SRUN_EXPORT_ENV"})
+"""Variables sbatch and srun read as their ``--export`` list (Slurm's sbatch(1) and srun(1), input environment)."""
+
+
+def _validate_exports(s: SlurmConfig) -> None:
+    """An ``--export`` list never sets a variable of :data:`SHELL_READS` either: sbatch and srun export it into
+    every shell of the job (``--export=ALL,BASH_ENV=$(cmd)`` runs cmd in the torchrun launch line's bash)."""
+    lists = [(f"slurm.env.{name}", value) for name, value in s.env.items() if name in EXPORT_LISTS]
+    if isinstance(s.extra_sbatch.get("export"), str):
+        lists.append(("slurm.extra_sbatch.export", s.extra_sbatch["export"]))
+    for before, arg in zip(("", *s.srun_args), s.srun_args):
+        if arg.startswith("--export=") or before == "--export":
+            lists.append(("slurm.srun_args", arg.removeprefix("--export=")))
+    for where, value in lists:
+        for item in value.split(","):  # [ALL|NONE,]NAME[=VALUE],...: a comma inside a VALUE only adds names
+            name = item.split("=", 1)[0].strip()
+            if name in SHELL_READS:
+                raise ConfigError(f"{where}: exports {name}, which every bash the job starts reads (its value "
+                                  "expanded and run); a job value never lands there: set it in your own script")
+
+
+SHELL_READS = shell_rules.SHELL_READS
 """Variables bash expands, runs or reads its script by: ``BASH_ENV='$(cmd)'`` runs cmd in every non-interactive
 bash (the torchrun launch line's, a command that is a script), ``PS4`` under xtrace, ``IFS`` re-splits the
-template's own words (docs/design.md, decision 3)."""
+template's own words (docs/design.md, decision 3); the template check refuses a job value a template assigns to
+one of them."""
 
 
 def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:

@@ -60,13 +60,38 @@ class YamlTooLarge(ConfigError):
     """Small but expensive YAML: too deep, too many values once aliases are expanded, or an alias in itself."""
 
 
+class NotText(ConfigError):
+    """Input that is not text a job file can hold: a NUL byte, a control character YAML does not allow, a lone
+    surrogate (a byte of argv that is not UTF-8); a ``--set`` value that is not YAML is still refused for it."""
+
+
+def check_text(value: str, where: str) -> str:
+    """``value`` is text a job can carry: no NUL byte, and UTF-8 can write it (no lone surrogate, which YAML's
+    ``"\\ud800"`` or a non-UTF-8 byte of argv makes, and which every later write would trip over)."""
+    if "\0" in value:
+        raise NotText(f"{where}: a value contains a NUL byte; remove it")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise NotText(f"{where}: a value holds {_describe(value[exc.start])}; write it as UTF-8 text") from None
+    return value
+
+
+def _describe(ch: str) -> str:
+    if 0xDC80 <= ord(ch) <= 0xDCFF:  # how Python hands over a byte of argv that is not UTF-8 (surrogateescape)
+        return f"the byte {ord(ch) - 0xDC00:#04x}, which is not UTF-8"
+    if 0xD800 <= ord(ch) <= 0xDFFF:
+        return f"{ch!r}, a lone surrogate (half of a UTF-16 pair), which is not a character"
+    return f"the control character {ch!r}, which YAML does not allow"
+
+
 class _Composer(yaml.SafeLoader):
     """SafeLoader that resolves no plain scalar (every one is composed with the ``str`` tag) and composes at
     most :data:`MAX_DEPTH` levels (its composer recurses once per level)."""
 
-    def __init__(self, stream: str, source: str) -> None:
+    def __init__(self, stream: str, source: str, max_nodes: int = MAX_NODES) -> None:
         super().__init__(stream)
-        self.source, self.depth = source, 0
+        self.source, self.depth, self.max_nodes, self.composed = source, 0, max_nodes, 0
 
     def fetch_flow_collection_start(self, token_class: Any) -> None:
         # The scanner reads ahead up to 1,024 characters of ``[[[...`` (each one may start a simple key) before
@@ -85,6 +110,10 @@ class _Composer(yaml.SafeLoader):
                 mark = self.peek_event().start_mark
                 raise YamlTooLarge(f"{self.source}:{mark.line + 1}:{mark.column + 1}: nested more than {MAX_DEPTH} "
                                   "levels deep; a job file is a few levels of keys and lists")
+            if not self.check_event(yaml.AliasEvent):
+                self.composed += 1  # written out (an alias's values are counted by _measure, once composed)
+                if self.composed > self.max_nodes:  # stop reading here: a 1 MiB list would take seconds
+                    raise YamlTooLarge(f"{self.source}: more than {self.max_nodes:,} values; a job file is small")
             return super().compose_node(parent, index)
         finally:
             self.depth -= collection
@@ -145,8 +174,7 @@ def _raw(node: yaml.Node, source: str) -> Any:
         if node.tag != _STR_TAG:
             raise ConfigError(f"{_where(source, node)}: YAML tags ({node.tag.rsplit(':', 1)[-1]}) are not read; "
                               "write the value plainly")
-        if "\0" in node.value:
-            raise ConfigError(f"{_where(source, node)}: a value contains a NUL byte; remove it")
+        check_text(node.value, _where(source, node))
         return Scalar(node.value, quoted=node.style in ("'", '"', "|", ">"), where=_where(source, node))
     if isinstance(node, yaml.SequenceNode):
         if node.tag != _SEQ_TAG:
@@ -160,7 +188,7 @@ def _raw(node: yaml.Node, source: str) -> Any:
     for key_node, value_node in node.value:
         if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR_TAG:
             raise ConfigError(f"{_where(source, key_node)}: a key must be plain text")
-        key = key_node.value
+        key = check_text(key_node.value, _where(source, key_node))
         if key == "<<" and not key_node.style:  # YAML 1.1 merge key: `<<: *defaults`
             sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
             for merged_node in sources:
@@ -182,20 +210,31 @@ def parse_yaml(text: str, source: str, max_nodes: int = MAX_NODES) -> Any:
     Syntax errors name ``source:line:column``; deeper than :data:`MAX_DEPTH` or larger than ``max_nodes``
     (aliases expanded) is refused."""
     if "\0" in text:
-        raise ConfigError(f"{source}: contains a NUL byte; a job file is text")
-    loader = _Composer(text, source)
+        raise NotText(f"{source}: contains a NUL byte; a job file is text")
+    loader = None
     try:
+        loader = _Composer(text, source, max_nodes)  # PyYAML's reader checks every character here: in the try
         node = loader.get_single_node()
         if node is not None:
             _measure(node, source, max_nodes)
+    except yaml.reader.ReaderError as exc:
+        line, column = _line_column(text, exc.position)
+        character = chr(exc.character) if isinstance(exc.character, int) else str(exc.character)
+        raise NotText(f"{source}:{line}:{column}: holds {_describe(character)}; remove it") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return None if node is None else _raw(node, source)
+
+
+def _line_column(text: str, position: int) -> tuple[int, int]:
+    line = text.count("\n", 0, position) + 1
+    return line, position - (text.rfind("\n", 0, position) + 1) + 1
 
 
 def parse_mapping(text: str, source: str, what: str = "job file") -> dict[str, Any]:
@@ -220,12 +259,12 @@ def parse_value(text: str, source: str, max_nodes: int = MAX_NODES) -> Any:
         return Scalar("", where=source)
     try:
         data = parse_yaml(text, source, max_nodes)
-    except YamlTooLarge:
+    except (YamlTooLarge, NotText):
         raise
     except ConfigError:
-        if "\0" in text:
-            raise
         return Scalar(text, quoted=True, where=source)
+    if isinstance(data, Scalar) and not data.quoted and "\n" in text:
+        return Scalar(text, quoted=True, where=source)  # YAML folds a plain scalar's newline into a space
     return Scalar("", where=source) if data is None else data
 
 

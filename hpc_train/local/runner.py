@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] == "--pack":
         return run_pack([Path(a) for a in args[1:]])
+    if len(args) != 1:  # internal, but said in one line as any bad input is
+        print("usage: python -m hpc_train.local PLAN.json | --pack RUN_DIR...  (hpc-train submit --cluster local "
+              "writes the plan and runs this)", file=sys.stderr)
+        return rundir.EXIT_BAD_INPUT
     plan = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal does not end the runs (Slurm's do not)
     launches = [launcher.Launch(**item) for item in plan["launches"]]

@@ -20,7 +20,6 @@ torch is imported inside functions only: the CLI imports this module.
 from __future__ import annotations
 
 import atexit
-
 import os
 import socket
 from dataclasses import dataclass
@@ -302,6 +301,7 @@ def setup(*, backend: str | None = None, timeout_s: int = 600) -> DistEnv:
         torch.cuda.set_device(env.cuda_device_index(torch.cuda.device_count()))
     if env.is_distributed:
         init_process_group(env, backend=backend or ("nccl" if cuda else "gloo"), timeout_s=timeout_s)
+        atexit.unregister(teardown)  # once, however often setup() is called
         atexit.register(teardown)
     return env
 

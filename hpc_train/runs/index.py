@@ -29,10 +29,17 @@ STATE_DIR_ENV = "HPC_TRAIN_STATE_DIR"
 class Run:
     run_dir: Path
     record: Mapping[str, Any]
+    unreadable: str = ""
+    """Why its run.json cannot be read ("" when it can, or when there is none: a plain ``sbatch``)."""
 
     @property
     def job_id(self) -> str:
         return str(self.record.get("job_id") or self.run_dir.name)
+
+    @property
+    def on_slurm(self) -> bool:
+        """Slurm knows its job: a run whose run.json cannot be read names no job Slurm could be asked about."""
+        return not self.unreadable and self.cluster != "local"
 
     @property
     def name(self) -> str:
@@ -40,7 +47,7 @@ class Run:
 
     @property
     def cluster(self) -> str:
-        return str(self.record.get("cluster", "slurm"))
+        return "unknown" if self.unreadable else str(self.record.get("cluster", "slurm"))
 
 
 def index_path() -> Path:
@@ -140,13 +147,17 @@ def is_run_dir(path: Path) -> bool:
 
 
 def load_run(run_dir: Path) -> Run:
+    """The run of ``run_dir``; one whose run.json cannot be read is still listed, as unreadable (never taken
+    for a plain ``sbatch``, whose job id the directory name would be: ``cancel`` would scancel that)."""
     path = run_dir / rundir.RUN_JSON
+    if not path.exists():  # a plain `sbatch` of a rendered script: the directory layout says it all
+        return Run(run_dir, {"job_id": run_dir.name, "cluster": "slurm", "logs": rundir.own_logs(run_dir)})
     try:
-        record: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
-        record = {}
-    if not record:  # a plain `sbatch` of a rendered script: the directory layout says it all
-        record = {"job_id": run_dir.name, "cluster": "slurm", "logs": rundir.own_logs(run_dir)}
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return Run(run_dir, {}, unreadable=f"{rundir.RUN_JSON} unreadable ({exc.__class__.__name__})")
+    if not isinstance(record, dict) or not record:
+        return Run(run_dir, {}, unreadable=f"{rundir.RUN_JSON} unreadable (not a run record)")
     return Run(run_dir=run_dir, record=record)
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from ..errors import ConfigError
 from ..local import submit as local
 from ..slurm import client as slurm_cli
 from . import rundir
@@ -36,8 +37,9 @@ def reconcile(run: rundir.RunState, job: slurm_cli.JobState | None) -> tuple[str
     if job is None or job.state == "UNKNOWN":
         if run.state is None:
             return "unknown", job.reason if job else "nothing recorded"
-        if job is not None and job.reason == slurm_cli.NO_SLURM and not run.final:  # cannot be told here
-            return "unknown", f"{slurm_cli.NO_SLURM} (last recorded: {run.state})"
+        unasked = job is not None and (job.reason == slurm_cli.NO_SLURM or job.reason.startswith("squeue failed"))
+        if unasked and not run.final:  # cannot be told here
+            return "unknown", f"{job.reason} (last recorded: {run.state})"
         return run.state, run.reason
     if job.active:
         if run.state == rundir.CANCELLED:
@@ -106,14 +108,15 @@ def progress(run_dir: Path) -> dict[str, Any]:
     return {k: round(last[k], 4) if isinstance(last[k], float) else last[k] for k in keep if k in last}
 
 
-def _slurm_jobs(runs: Sequence[Run]) -> dict[str, slurm_cli.JobState]:
-    """Slurm's view of every Slurm run's job, asked once for all of them."""
-    return slurm_cli.job_states([r.job_id for r in runs if r.cluster != "local"])
+def _slurm_jobs(runs: Sequence[Run], listing: bool = False) -> dict[str, slurm_cli.JobState]:
+    """Slurm's view of every Slurm run's job, asked once for all of them (``listing``: a failing squeue makes
+    them ``unknown``, with its words, and the other runs are still listed; else it is an error, exit 2)."""
+    return slurm_cli.job_states([r.job_id for r in runs if r.on_slurm], listing=listing)
 
 
-def run_statuses(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """:func:`run_status` of each run (``status``)."""
-    jobs = _slurm_jobs(runs)
+def run_statuses(runs: Sequence[Run], *, listing: bool = False) -> list[dict[str, Any]]:
+    """:func:`run_status` of each run (``status``; ``listing``: plain ``status``, every run here)."""
+    jobs = _slurm_jobs(runs, listing)
     return [run_status(r, jobs.get(r.job_id)) for r in runs]
 
 
@@ -127,6 +130,8 @@ def run_state(run: Run, job: slurm_cli.JobState | None = None,
               recorded: rundir.RunState | None = None) -> tuple[str, str]:
     """(state, reason) of a run: what its run directory recorded, reconciled with Slurm (``job`` when the
     caller has asked already) or with its local launcher. Reads no log and no metrics (polling loops)."""
+    if run.unreadable:
+        return "unknown", run.unreadable
     recorded = recorded or rundir.read_state(run.run_dir)
     if run.cluster == "local":
         return _local_state(run, recorded)
@@ -146,7 +151,7 @@ def run_status(run: Run, job: slurm_cli.JobState | None = None) -> dict[str, Any
     training progress."""
     recorded = rundir.read_state(run.run_dir)
     out: dict[str, Any] = {"run": run.name, "job_id": run.job_id, "cluster": run.cluster, "run_dir": str(run.run_dir)}
-    if run.cluster != "local":
+    if run.on_slurm:
         job = job or slurm_cli.job_state(run.job_id)
         out.update(slurm_state=job.state, source=job.source, elapsed=job.elapsed, nodes=job.nodes,
                    slurm_exit_code=job.exit_code, slurm_reason=job.reason if job.state == "UNKNOWN" else "")
@@ -300,6 +305,9 @@ def cancel_sweep(runs: Sequence[Run]) -> str:
 
 def cancel_run(run: Run) -> str:
     """Cancel a run: record it (the local launcher ends the ranks when it sees it), and scancel on Slurm."""
+    if run.unreadable:
+        raise ConfigError(f"{run.name}: {run.unreadable}, so which job to cancel cannot be told; cancel it with "
+                          "scancel JOB_ID (or, for a local run, end its launcher)")
     state = run_state(run)[0]
     if state in rundir.FINAL_STATES:
         return f"{run.name} has already ended ({state}); nothing to cancel"

@@ -11,7 +11,7 @@ open) is :class:`Unreadable`: then where values land cannot be told, and nothing
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from . import rules
 from .marks import RAW, Origin, Region
@@ -31,6 +31,10 @@ class Lexer(Reader):
         super().__init__(text, regions, depth)
         self.pending: list[Heredoc] = []
         self.line: list[Command] = []
+        self.integers: set[str] = set()
+        """The variables the script declared ``-i`` so far: assigning one evaluates the value as arithmetic."""
+        self.heredocs_at: list[tuple[int, Heredoc]] = []
+        """Every heredoc of the script, with where its ``<<`` is (a pipe's feeders are found by position)."""
         self.programs: set[str] = set()
         """Every program a command of the script runs (``srun``, ``python`` ...), code a command runs included."""
 
@@ -44,6 +48,7 @@ class Lexer(Reader):
         """Commands until the end, ``closer`` (taken), a case terminator in ``stops`` or a command word in
         ``stop_words`` (both taken and returned)."""
         command = Command()
+        pipeline = _Pipeline(self.i)
         while True:
             if self.i >= self.n:
                 self.end(command)
@@ -64,14 +69,20 @@ class Lexer(Reader):
             elif c == "\n":
                 self.take()
                 command = self.end(command)
+                pipeline.start = self.i
                 self.newline()
             elif c == "#":
                 self.comment()
             elif c in ";&|" and not (c == "&" and self.peek(1) == ">"):
+                at = self.i
                 self.take()
                 if c in "&|" and self.peek() in ("&", "|"):
                     self.take()
                 command = self.end(command)
+                if self.text[at:self.i] in ("|", "|&"):
+                    command.piped_in = self.feeder(pipeline.start, at)
+                else:
+                    pipeline.start = self.i
             elif c == "(" and not command.words:
                 if self.at("(("):
                     self.take(), self.take()
@@ -80,14 +91,19 @@ class Lexer(Reader):
                     self.take()
                     self.nested(")")
             elif c in "()":
-                self.take()  # NAME () of a function definition
+                self.take()  # NAME () of a function definition: its body's first command is one of its own
+                if c == ")":
+                    command = self.end(command)
             elif c in "<>&":
                 self.redirection(command)
             else:
                 word = self.word()
+                if word.assignment_name is not None and word.literal.endswith("=") and self.peek() == "(":
+                    self.array_elements()
                 if not command.words and not word.tainted and word.literal in stop_words:
                     self.end(command)
                     return word.literal
+                pipeline.group(word, first=not command.words)
                 command = self.command_word(command, word)
 
     def command_word(self, command: Command, word: Word) -> Command:
@@ -109,6 +125,17 @@ class Lexer(Reader):
                 self.arithmetic("))")
         return command
 
+    def feeder(self, start: int, end: int) -> Callable[[], Origin | None]:
+        """What tells the first job value in the text ``start:end`` that pipes into a command, and in the
+        heredocs of its commands (their bodies are read once the line ends)."""
+        heredocs = [heredoc for at, heredoc in self.heredocs_at if start <= at < end]
+
+        def first_value() -> Origin | None:
+            found = self.tainted_between(start, end)
+            bodies = (origin for heredoc in heredocs for _, origin in heredoc.body if origin is not None)
+            return found if found is not None else next(bodies, None)
+        return first_value
+
     def end(self, command: Command) -> Command:
         if not command.empty:
             self.line.append(command)
@@ -125,7 +152,7 @@ class Lexer(Reader):
         line, self.line = self.line, []
         for command in line:
             self.programs.update(rules.programs(command))
-            rules.check_command(command, self.relex)
+            rules.check_command(command, self.relex, self.integers)
 
     def nested(self, closer: str, context: str = "code") -> None:
         """``$( )``, ``( )``, ``<( )``: commands of their own, judged when they close."""
@@ -137,19 +164,25 @@ class Lexer(Reader):
         self.line = saved
 
     def relex(self, chars: Sequence[tuple[str, Origin | None]], what: str) -> None:
-        """Text a command runs as code (``eval``, ``bash -c``, ``trap``, a heredoc a shell reads)."""
+        """Text a command runs as code (``eval``, ``bash -c``, ``trap``, a heredoc a shell reads); each value's
+        kind as ``chars`` give it (:meth:`~.words.Word.code_chars`: bare where its quotes were removed)."""
         if self.depth >= MAX_NESTING:
             raise Unreadable("code that runs code is nested too deep")
         regions: list[Region] = []
+        whole = {o.index: sum(r.end - r.start for r in self.regions if r.origin.index == o.index)
+                 for _, o in chars if o is not None}
+        present = {index: sum(1 for _, o in chars if o is not None and o.index == index) for index in whole}
         for at, (_, origin) in enumerate(chars):
             if origin is None:
                 continue
-            origin = Origin(origin.index, RAW)  # its quotes were removed: the shell that runs it sees it bare
+            if present[origin.index] != whole[origin.index]:  # part of it is not here: its quoting is not either
+                origin = Origin(origin.index, RAW)
             if regions and regions[-1].origin == origin and regions[-1].end == at:
                 regions[-1] = Region(regions[-1].start, at + 1, origin)
             else:
                 regions.append(Region(at, at + 1, origin))
         code = Lexer("".join(c for c, _ in chars), regions, self.depth + 1)
+        code.integers = self.integers  # eval's code shares the shell's variables (bash -c's inherits none: stricter)
         try:
             code.run()
         except Unsafe as exc:
@@ -207,13 +240,18 @@ class Lexer(Reader):
             word = self.word()
             if word.tainted:
                 raise Unsafe(next(o for _, o, _ in word.chars if o is not None), "as the line that ends a heredoc")
+            if word.dynamic:  # bash expands nothing in it: <<$X ends at a line `$X`, which this reader cannot spell
+                raise Unreadable("a heredoc delimiter with an expansion in it")
             heredoc = Heredoc(word.literal, any(q for _, _, q in word.chars), strip_tabs)
+            self.heredocs_at.append((self.i, heredoc))
             self.pending.append(heredoc)
             command.heredocs.append(heredoc)
         elif self.at("<(") or self.at(">("):
+            start = self.i
             self.take(), self.take()
             self.nested(")")
-            command.words.append(Word([(EXPANSION, None, False)], dynamic=True))
+            command.words.append(Word([(EXPANSION, None, False)], dynamic=True,
+                                      substituted=self.tainted_between(start, self.i)))
         else:
             while self.peek() and self.peek() in "<>&|":
                 self.take()
@@ -255,6 +293,21 @@ class Lexer(Reader):
             self.take()
             if c == "\\" and self.peek() in ("$", "`", "\\", "\n"):
                 self.take()
+
+    def array_elements(self) -> None:
+        """``NAME=( ... )``, ``NAME+=( ... )``: words up to ``)``, each expanded as an argument is (never a
+        command); an unquoted ``[index]=`` before one is arithmetic."""
+        self.take()
+        while True:
+            self.skip_space()
+            if self.peek() == ")":
+                self.take()
+                return
+            if self.peek() == "[":
+                self.take()
+                self.arithmetic("]")
+            if not self.word().chars and self.peek() not in (" ", "\t", "\n", ")", "#"):
+                raise Unreadable(f"{self.peek() or 'the end'} inside an array assignment ( )")
 
     # -- compound commands ---------------------------------------------------------------------------
     def case_clause(self) -> None:
@@ -311,3 +364,23 @@ class Lexer(Reader):
                 break
             words.append(word)
         rules.check_double_brackets(words)
+
+
+class _Pipeline:
+    """Where the pipeline being read starts: a compound command (``{ ...; }``, ``if ... fi``, a loop) is one
+    element of it, however many lists it holds."""
+
+    _OPENS = frozenset("{ if while until for select".split())
+    _CLOSES = frozenset("} fi done".split())
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.group_starts: list[int] = []
+
+    def group(self, word: Word, *, first: bool) -> None:
+        if not first or word.tainted:
+            return
+        if word.literal in self._OPENS:
+            self.group_starts.append(self.start)
+        elif word.literal in self._CLOSES and self.group_starts:
+            self.start = self.group_starts.pop()

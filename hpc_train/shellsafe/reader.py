@@ -12,7 +12,7 @@ from typing import Sequence
 from . import rules
 from .marks import Origin, Region
 from .rules import Unsafe
-from .words import EXPANSION, IDENT_START, Word
+from .words import EXPANSION, IDENT_START, TEMPLATE_QUOTED, Word
 
 META = frozenset(" \t\n;&|()<>")
 _SPECIAL_PARAMS = frozenset("@*#?$!-0123456789")
@@ -111,15 +111,15 @@ class Reader:
         return word
 
     def single_quoted(self, word: Word) -> None:
-        self.take()
+        quoted = TEMPLATE_QUOTED if self.take()[1] is None else True
         self.stack.append("sq")
         while self.peek() != "'":
-            word.add(*self.take(), True)
+            word.add(*self.take(), quoted)
         self.take()
         self.stack.pop()
 
     def double_quoted(self, word: Word) -> None:
-        self.take()
+        quoted = TEMPLATE_QUOTED if self.take()[1] is None else True
         self.stack.append("dq")
         while True:
             c = self.peek()
@@ -139,18 +139,21 @@ class Reader:
             elif c == "`":
                 self.backquoted(word)
             else:
-                word.add(*self.take(), True)
+                word.add(*self.take(), quoted)
         self.stack.pop()
 
     def dollar(self, word: Word, *, quoted: bool) -> None:
+        start = self.i
         self.take()
         c = self.peek()
+        printed: Origin | None = None
         if self.at("(("):
             self.take(), self.take()
             self.arithmetic("))")
         elif c == "(":
             self.take()
             self.nested(")")
+            printed = self.tainted_between(start, self.i)  # what $( ) prints may be a job value: code to eval
         elif c == "{":
             self.take()
             self.parameter()
@@ -171,7 +174,7 @@ class Reader:
         else:
             word.add("$", None, quoted)
             return
-        word.add(EXPANSION, None, quoted)
+        word.add(EXPANSION, printed, quoted)
         word.dynamic = True
 
     def arithmetic(self, end: str) -> None:
@@ -191,7 +194,8 @@ class Reader:
         self.stack.pop()
 
     def parameter(self) -> None:
-        """``${...}``: its name (and index, arithmetic), then the word of its operator."""
+        """``${...}``: its name (and index, arithmetic), then the word of its operator (a substring's offset and
+        length: arithmetic)."""
         self.stack.append("param_name")
         if self.peek() in ("#", "!") and self.peek(1) != "}":
             self.take()
@@ -202,6 +206,11 @@ class Reader:
         if self.peek() == "[":
             self.take()
             self.arithmetic("]")
+        if self.peek() == ":" and self.peek(1) not in ("-", "=", "?", "+"):
+            self.take()  # ${X:offset:length}: both are arithmetic, evaluated as code
+            self.arithmetic("}")
+            self.stack.pop()
+            return
         self.stack[-1] = "param_word"
         while self.peek() != "}":
             c = self.peek()

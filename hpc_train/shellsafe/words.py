@@ -6,10 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .marks import Origin
+from .marks import RAW, Origin
 
 EXPANSION = "\x01"
 """An expansion in a word's text after quote removal: its value exists only when the script runs."""
+TEMPLATE_QUOTED = "template"
+"""A word character's ``quoted`` when the template's own quotes (not a job value's) enclose it: the character
+reaches a shell that runs the word as code exactly as the template wrote it (truthy, as ``True`` is)."""
 IDENT_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
 
 Chars = list[tuple[str, "Origin | None"]]
@@ -17,12 +20,15 @@ Chars = list[tuple[str, "Origin | None"]]
 
 @dataclass
 class Word:
-    chars: list[tuple[str, Origin | None, bool]] = field(default_factory=list)
-    """Characters after quote removal: (character, the value it came from or None, whether it was quoted)."""
+    chars: list[tuple[str, Origin | None, bool | str]] = field(default_factory=list)
+    """Characters after quote removal: (character, the value it came from or None, whether it was quoted:
+    :data:`TEMPLATE_QUOTED` by the template's own quotes)."""
     dynamic: bool = False
     """It holds an expansion (``$x``, ``$( )``, ...), shown as :data:`EXPANSION` in :attr:`literal`."""
+    substituted: Origin | None = None
+    """A process substitution ``<( )`` (a file whose text its commands print): the first job value in it."""
 
-    def add(self, ch: str, origin: Origin | None, quoted: bool) -> None:
+    def add(self, ch: str, origin: Origin | None, quoted: bool | str) -> None:
         self.chars.append((ch, origin, quoted))
 
     @property
@@ -33,8 +39,12 @@ class Word:
     def tainted(self) -> bool:
         return any(o is not None for _, o, _ in self.chars)
 
-    def chars_with_origins(self) -> Chars:
-        return [(c, o) for c, o, _ in self.chars]
+    def code_chars(self) -> Chars:
+        """The word as code a command runs (``bash -c WORD``): a value keeps its kind where the template's own
+        quotes kept every character of it as its filter wrote it (``bash -c "cd x && ls {{ d | shquote }}"``);
+        one whose quotes this word's quote removal took off is bare text to that shell (:data:`~.marks.RAW`)."""
+        bare = {o.index for _, o, q in self.chars if o is not None and q != TEMPLATE_QUOTED}
+        return [(c, Origin(o.index, RAW) if o is not None and o.index in bare else o) for c, o, _ in self.chars]
 
     @property
     def assignment_name(self) -> str | None:
@@ -83,9 +93,11 @@ class Command:
     words: list[Word] = field(default_factory=list)
     heredocs: list[Heredoc] = field(default_factory=list)
     herestrings: list[Word] = field(default_factory=list)
+    piped_in: Callable[[], "Origin | None"] = lambda: None
+    """The first job value in the commands that pipe into this one (``... | bash``), heredocs included."""
 
     def with_words(self, words: list[Word]) -> "Command":
-        return Command(words, self.heredocs, self.herestrings)
+        return Command(words, self.heredocs, self.herestrings, self.piped_in)
 
     @property
     def empty(self) -> bool:

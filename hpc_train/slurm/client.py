@@ -122,11 +122,13 @@ def job_state(job_id: str) -> JobState:
     return job_states([job_id])[job_id]
 
 
-def job_states(job_ids: Sequence[str]) -> dict[str, JobState]:
+def job_states(job_ids: Sequence[str], *, listing: bool = False) -> dict[str, JobState]:
     """Each job's state from one squeue call, then one sacct call for those no longer queued (a report
     over a sweep of 200 runs asks slurmctld twice, not 400 times). A failing squeue is an error with its
-    own message (SubmitError, exit 2); a failing or absent sacct gives UNKNOWN with sacct's own words as
-    the reason; without squeue on PATH every job is UNKNOWN, "no Slurm here"."""
+    own message (SubmitError, exit 2) — for a ``listing`` (plain ``status``) every job is UNKNOWN with that
+    message instead, so that the runs that can be read are still listed; a failing or absent sacct gives
+    UNKNOWN with sacct's own words as the reason; without squeue on PATH every job is UNKNOWN, "no Slurm
+    here"."""
     wanted = list(dict.fromkeys(job_ids))
     if not wanted:
         return {}
@@ -136,6 +138,8 @@ def job_states(job_ids: Sequence[str]) -> dict[str, JobState]:
     message = slurm_message(queued.stderr)
     # A single unknown id is an error to squeue ("Invalid job id specified"); in a list it is left out.
     if queued.returncode != 0 and "invalid job id" not in message.lower():
+        if listing:
+            return {j: JobState(j, "UNKNOWN", reason=f"squeue failed: {message}") for j in wanted}
         raise SubmitError(f"squeue failed: {message}")
     states = {j: found for j in wanted if (found := parse_squeue(queued.stdout, j)) is not None}
     gone = [j for j in wanted if j not in states]
@@ -189,8 +193,16 @@ def test_only(script_path: str) -> str:
     result = run_command(["sbatch", "--test-only", script_path], check=False)
     text = (result.stderr + result.stdout).strip()
     if result.returncode != 0:
+        if any(sign in text.lower() for sign in _UNREACHED):
+            raise SubmitError(f"Slurm was not reached, so it did not judge this job (sbatch --test-only: "
+                              f"{slurm_message(text)}); check that slurmctld is up and this host's slurm.conf")
         raise SubmitError(f"Slurm would refuse this job: {slurm_message(text)}")
     return text.splitlines()[-1] if text else "ok"
+
+
+_UNREACHED = ("unable to contact slurm controller", "failed to fetch config", "socket timed out",
+              "connection refused", "zero bytes were transmitted or received")
+"""How sbatch says it never reached slurmctld (rather than that slurmctld refused the job)."""
 
 
 def partition_exists(name: str) -> bool:

@@ -72,6 +72,9 @@ class _CifarUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         found = _CIFAR_GLOBALS.get((module, name))
+        if (module, name) == ("_codecs", "encode"):  # how Python 3's protocol 2 writes bytes: not the official file
+            raise DataError(f"{self.path} was re-pickled by Python 3 (it names _codecs.encode, which no official "
+                            "CIFAR file holds); it was not read: re-extract the official archive")
         if found is None:
             raise DataError(f"{self.path} asks to load {module}.{name}, which no CIFAR file holds; it was not read "
                             "(a data file is data, never code): re-extract the official archive")
@@ -87,8 +90,14 @@ def _unpickle(path: Path) -> dict:
     with open(path, "rb") as f:
         try:
             obj = _CifarUnpickler(f, path).load()
+        except DataError:
+            raise
         except MemoryError:
             raise DataError(f"{path} asks for more memory than a CIFAR file holds; re-extract the official archive") from None
+        except Exception as exc:  # a damaged file fails inside the unpickler every way there is: BUILD on a
+            # dict (AttributeError), numpy's own __setstate__ (SystemError, OverflowError), a short buffer ...
+            raise DataError(f"{path} is not a CIFAR python batch ({exc.__class__.__name__}: {exc}); re-extract "
+                            "the official archive") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a dict, got {type(obj).__name__}")
     return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
@@ -102,9 +111,11 @@ def _read_cifar_batches(folder: Path, files: list[str], label_key: str) -> Array
             entry = _unpickle(path)
             rows = np.asarray(entry["data"], dtype=np.uint8)
             labs = np.asarray(entry[label_key], dtype=np.int64)
-            if rows.ndim != 2 or rows.shape[1] != 3072 or len(rows) != len(labs):
-                raise ValueError(f"data is {rows.shape} with {len(labs)} labels, expected N x 3072 and N labels")
-        except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError, TypeError) as exc:
+            if rows.ndim != 2 or rows.shape[1] != 3072 or labs.ndim != 1 or len(rows) != len(labs):
+                raise ValueError(f"data is {rows.shape} with {labs.shape} labels, expected N x 3072 and N labels")
+            if labs.min(initial=0) < 0:
+                raise ValueError(f"a label is {labs.min()}, below 0")
+        except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError, TypeError, OverflowError) as exc:
             raise DataError(f"{path} is unreadable or not a CIFAR python batch ({exc.__class__.__name__}: {exc}); "
                             "re-extract the official archive") from None
         data.append(rows)

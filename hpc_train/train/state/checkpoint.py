@@ -98,14 +98,26 @@ def best_held_out_path(run_dir: Path) -> Path:
 
 
 def load_best_held_out(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
-    """``{"format", "record", "model"}`` of the best held-out evaluation so far, or None when none was written."""
+    """``{"format", "record", "model"}`` of the best held-out evaluation so far, or None when none was written;
+    :class:`UnreadableCheckpoints` when it cannot be read (stage 2 would start from no stage 1)."""
     path = best_held_out_path(run_dir)
     if not path.is_file():
         return None
-    state = torch.load(path, map_location=map_location, weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or "model" not in state:
-        raise ValueError(f"{path} is not an hpc-train snapshot")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+        record = state.get("record") if isinstance(state, dict) else None
+        if state.get("format") != FORMAT_VERSION or "model" not in state or not isinstance(record, dict):
+            raise ValueError("not an hpc-train snapshot")
+        if not {"epoch", "global_step", "val"} <= set(record):
+            raise ValueError("its record lacks the epoch, step or held-out evaluation")
+    except Exception as exc:  # noqa: BLE001 - any failure to read means the same: it cannot be used
+        raise UnreadableCheckpoints(f"{path} cannot be read ({why_unreadable(exc)}); stage 2 and tau-normalisation "
+                                    "start from it: restore it, or start a new run (another run directory)") from None
     return state
+
+
+RESUMED_KEYS = ("model", "optimizer", "phase", "epoch", "step_in_epoch", "global_step")
+"""What a checkpoint must hold for a run to continue from it (the trainer's state_dict writes them all)."""
 
 
 def load_latest(run_dir: Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], Path] | None:
@@ -117,6 +129,9 @@ def load_latest(run_dir: Path, map_location: str | torch.device = "cpu") -> tupl
             state = torch.load(path, map_location=map_location, weights_only=True)
             if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or "model" not in state:
                 raise ValueError("not an hpc-train checkpoint")
+            missing = [key for key in RESUMED_KEYS if key not in state]
+            if missing:
+                raise ValueError(f"a checkpoint without {', '.join(missing)}")
             return state, path
         except Exception as exc:  # noqa: BLE001 - any failure to read means: try the previous one
             failures.append(f"{path.name}: {why_unreadable(exc)}")

@@ -145,7 +145,11 @@ class Checkpointer:
         if found is None:
             return None
         state, path = found
-        self.train_state.load_state_dict(state)
+        try:
+            self.train_state.load_state_dict(state)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # another model, or parts of it missing
+            raise ckpt.UnreadableCheckpoints(f"{path}: the run cannot continue from it ({ckpt.why_unreadable(exc)}); "
+                                             "restore it, or start a new run (another run directory)") from None
         log.info("resumed from %s: epoch %d, step %d of the epoch, %d optimizer steps so far",
                  path.name, state["epoch"], state["step_in_epoch"], state["global_step"])
         return path
