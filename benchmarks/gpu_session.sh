@@ -17,8 +17,8 @@
 #
 #   stage      cap    what
 #   data       20 s   CIFAR-10 python files with random pixels, the official 50,000 / 10,000 images
-#   recipe    110 s   the 200-epoch LDAM-DRW recipe end to end, bf16 + channels_last, captured
-#                     (python -m hpc_train.train jobs/cifar10_lt_ldam_drw.yaml ...): its end line
+#   recipe    110 s   the 200-epoch LDAM-DRW speed recipe end to end: bf16 (one bf16 weight copy), channels_last,
+#                     captured (python -m hpc_train.train jobs/cifar10_lt_ldam_drw_fast.yaml ...): its end line
 #   bench     150 s   benchmarks/gpu.py: reference, eager, captured timed first; compiled last, if time allows
 #   gpu_check 150 s   tests/train/gpu_check.py: one PASS/FAIL/SKIP line per check
 #   pack      150 s   benchmarks/gpu_pack.py: K = 4 packed runs vs one, then under MPS if it starts
@@ -125,7 +125,7 @@ if [[ $smoke == 1 ]]; then
     pack_args=(--device cpu --tiny --k 2 --epochs 2)
 else
     data_args=()
-    recipe_args=(--set train.amp=bf16 --set train.channels_last=true)
+    recipe_args=()  # the speed switches are the recipe's own
     bench_args=(--budget-s 140 --compile-reserve-s 80)
     check_args=()
     pack_args=(--k 4 --epochs 3 --timeout-s 45)
@@ -135,7 +135,7 @@ nvidia-smi -L > "$work/gpus.txt" 2>&1 || true
 wanted recipe && rm -rf "$work/recipe-run"
 wanted gpu_check && rm -rf "$work/gpu-check"
 stage data 20 "$py" benchmarks/cifar_files.py --root "$work/data" "${data_args[@]}"
-stage recipe 110 "$py" -m hpc_train.train jobs/cifar10_lt_ldam_drw.yaml --set "train.data.root=$work/data" \
+stage recipe 110 "$py" -m hpc_train.train jobs/cifar10_lt_ldam_drw_fast.yaml --set "train.data.root=$work/data" \
     --run-dir "$work/recipe-run" "${recipe_args[@]}"
 stage bench 150 "$py" benchmarks/gpu.py --out "$out/gpu_bench.json" "${bench_args[@]}"
 stage gpu_check 150 "$py" tests/train/gpu_check.py --out "$out/gpu_check.json" --keep "$work/gpu-check" \

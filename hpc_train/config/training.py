@@ -277,6 +277,10 @@ class TrainConfig:
     """Mixed precision: ``bf16`` (A100/H100 and newer), ``fp16`` with a gradient scaler (V100/T4), ``off``."""
     channels_last: bool = False
     """NHWC memory format for model and inputs (faster convolutions with AMP on tensor cores)."""
+    amp_weight_copy: bool = True
+    """With ``amp``: keep one copy of the backbone's convolution and linear weights in the AMP dtype, refreshed
+    after each optimizer step by one fused copy, instead of autocast casting every weight in every forward pass
+    and its gradient back (the same numbers; not with ``compile``, which fuses the casts itself)."""
     compile: bool = False
     """``torch.compile`` the model (the first steps are slow while it compiles; one graph per batch shape,
     never recompiled). Combined with ``cuda_graphs``, the compiled step is captured."""

@@ -98,8 +98,9 @@ def test_the_session_runs_every_stage_in_order_within_its_cap(tmp_path):
     calls = (tmp_path / "calls.log").read_text()
     work = tmp_path / "work"
     assert f"benchmarks/cifar_files.py --root {work}/data" in calls
-    assert (f"-m hpc_train.train jobs/cifar10_lt_ldam_drw.yaml --set train.data.root={work}/data --run-dir "
-            f"{work}/recipe-run --set train.amp=bf16 --set train.channels_last=true") in calls
+    # The speed recipe, whose own switches are bf16, channels_last and the captured step (nothing overridden)
+    assert (f"-m hpc_train.train jobs/cifar10_lt_ldam_drw_fast.yaml --set train.data.root={work}/data --run-dir "
+            f"{work}/recipe-run\n") in calls
     assert "benchmarks/gpu.py --out" in calls and "--budget-s 140 --compile-reserve-s 80" in calls
     assert "--k 4 --epochs 3 --timeout-s 45" in calls and "no-submitit" not in calls
 

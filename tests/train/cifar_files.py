@@ -107,6 +107,23 @@ def make_arrays(num_classes: int, train_per_class: int, test_per_class: int, see
     return train_rows, train_labels, test_rows, test_labels
 
 
+def learnable_arrays(num_classes: int, train_per_class: int, test_per_class: int, seed: int, signal: float = 0.3):
+    """Like :func:`make_arrays`, but learnable: each class has its own coarse colour pattern (4 × 4 blocks of
+    8 × 8 pixels, so crops and flips keep it), every image is ``signal`` × its class's pattern + the rest random
+    pixels."""
+    rng = np.random.RandomState(seed)
+    patterns = rng.randint(0, 256, size=(num_classes, 3, 4, 4)).astype(np.float32).repeat(8, 2).repeat(8, 3)
+
+    def images(labels):
+        noise = rng.randint(0, 256, size=(len(labels), 3, 32, 32)).astype(np.float32)
+        mixed = signal * patterns[labels] + (1 - signal) * noise
+        return np.clip(mixed, 0, 255).astype(np.uint8).reshape(len(labels), 3072)
+
+    train_labels = rng.permutation(np.repeat(np.arange(num_classes), train_per_class))
+    test_labels = rng.permutation(np.repeat(np.arange(num_classes), test_per_class))
+    return images(train_labels), train_labels, images(test_labels), test_labels
+
+
 def write_cifar10(root: Path, train_rows, train_labels, test_rows, test_labels, *, py2: bool = True) -> Path:
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,10 @@ STEPS = 14
 def _main_loop(spec) -> dict:
     """Main's engine (51e3fae) at world size 1, written out from the building blocks it used: batches
     handed over by ``Feed.train_batches``, the lr set as a float on every group, ``torch.optim.SGD`` with
-    its default (for-loop) kernel on the CPU, zero_grad / backward / step."""
+    its default (for-loop) kernel on the CPU, zero_grad / backward / step; with ``amp`` the forward pass and
+    the loss under plain autocast (it casts every weight in every pass), the images in float32."""
+    import contextlib
+
     from hpc_train.train.data.pipeline import Feed
     from hpc_train.train.data.samplers import stage_sampler
     from hpc_train.train.loop.schedule import LrSchedule
@@ -62,6 +65,10 @@ def _main_loop(spec) -> dict:
     t = spec.train
     data = datasets.load(t.data)
     model = init_model(t, data)
+    if t.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    amp = {"bf16": torch.bfloat16}.get(t.amp)
+    autocast = (lambda: torch.autocast("cpu", dtype=amp)) if amp else contextlib.nullcontext
     feed = Feed(data, torch.device("cpu"), rank=0, world_size=1, seed=t.seed,
                 crop_padding=default_crop_padding(t, data), flip=default_flip(t, data),
                 channels_last=t.channels_last, num_workers=0)
@@ -78,7 +85,8 @@ def _main_loop(spec) -> dict:
             lr = schedule.lr(epoch, step, steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss = criterion(model(x), y, y_global)
+            with autocast():
+                loss = criterion(model(x), y, y_global)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -189,7 +197,7 @@ def main_weights():
 def test_the_step_formulation_gives_mains_weights_bit_for_bit(tmp_path, main_weights, monkeypatch):
     trainer = _trainer(make_spec(RECIPE), tmp_path / "eager")
     assert trainer.runner is None and trainer.steps_per_epoch == STEPS
-    assert trainer.train_model is trainer.model  # world size 1: no DDP wrapper
+    assert trainer.train_model.module is trainer.model  # world size 1: no DDP wrapper (the lean forward only)
     trainer.fit()
     assert not _different(_final_weights(tmp_path / "eager"), main_weights)
     # The same steps through warm-up / capture / replay (a fake that replays the recorded step).
@@ -199,8 +207,9 @@ def test_the_step_formulation_gives_mains_weights_bit_for_bit(tmp_path, main_wei
     trainer = _trainer(make_spec(RECIPE), tmp_path / "graphs")
     trainer.fit()
     assert sorted(trainer.runner.graphs) == ["full", "last"] and len(fake.captures) == 2
-    # full: 13 a epoch, 3 warm-up steps, 1 capture (replayed at once); last: one an epoch, captured in epoch 4
-    assert trainer.runner.replays == {"full": 5 * 13 - 3, "last": 5 - 3}
+    # World size 1: one warm-up step per shape. full: 13 an epoch, 1 warm-up step, 1 capture (replayed at once);
+    # last: one an epoch, warmed up in epoch 1, captured in epoch 2
+    assert trainer.runner.warmup == 1 and trainer.runner.replays == {"full": 5 * 13 - 1, "last": 5 - 1}
     assert not _different(_final_weights(tmp_path / "graphs"), main_weights)
     # Not vacuous: the DRW switch and the milestones change the result.
     moved = _main_loop(make_spec(deep_update(RECIPE, loss={"name": "ldam", "drw_epoch": 4})))
@@ -252,7 +261,7 @@ def test_adamw_steps_are_captured_and_compute_adamw(tmp_path, monkeypatch, caplo
         trainer.fit()
     assert trainer.runner.failed is None and sorted(trainer.runner.graphs) == ["full", "last"], trainer.runner.failed
     assert not [r for r in caplog.records if "cuda_graphs" in r.getMessage()]
-    assert trainer.runner.replays == {"full": 5 * 13 - 3, "last": 5 - 3}
+    assert trainer.runner.replays == {"full": 5 * 13 - 1, "last": 5 - 1}
     captured, plain = _final_weights(tmp_path / "graphs"), _final_weights(tmp_path / "eager")
     assert _different(captured, plain)  # two kernels ...
     for key, value in plain.items():  # ... one AdamW
@@ -302,7 +311,7 @@ def test_sam_imbsam_and_mixup_steps_are_captured_like_the_plain_one(tmp_path, mo
     monkeypatch.setattr(graphs, "decide", lambda *a, **k: (True, "cuda_graphs: test"))
     trainer = _trainer(spec, tmp_path / "graphs")
     trainer.fit()
-    assert (trainer.step.sam is not None) == ("sam_rho" in method) and trainer.runner.replays["full"] == 2 * 13 - 3
+    assert (trainer.step.sam is not None) == ("sam_rho" in method) and trainer.runner.replays["full"] == 2 * 13 - 1
     assert not _different(_final_weights(tmp_path / "graphs"), _final_weights(tmp_path / "eager"))
 
 
@@ -328,7 +337,8 @@ def test_phase_changes_update_what_a_captured_step_reads_in_place(tmp_path, monk
                                                              "milestones": [2, 3], "gamma": 0.1},
                                  two_stage={"crt_epochs": 1}))
     trainer = _trainer(spec, tmp_path / "run", guard=False)
-    weights = trainer.criterion.class_weights
+    weights = trainer.criterion.per_class("class_weights", torch.float32)  # the copy the float32 step reads
+    assert weights.dtype == torch.float32 and weights is trainer.criterion.per_class("class_weights", torch.float32)
     reads, values = {}, {}
     for epoch in (2, 3):  # the DRW switch is at epoch 3
         trainer.step.criterion.set_epoch(epoch)
@@ -342,15 +352,16 @@ def test_phase_changes_update_what_a_captured_step_reads_in_place(tmp_path, monk
         trainer.step.guard = NoHostSync
         assert weights.untyped_storage().data_ptr() in recorder.read
     assert reads[2].read == reads[3].read  # the same addresses: a graph captured in epoch 2 reads the new weights
-    assert torch.equal(values[2], torch.ones_like(weights)) and torch.equal(values[3], trainer.criterion.cb_weights)
+    assert torch.equal(values[2], torch.ones_like(weights))
+    assert torch.equal(values[3], trainer.criterion.cb_weights.float())
     # cRT replaces the classifier and the optimizer: new graphs, over the new parameters.
     monkeypatch.setattr(graphs, "BACKEND", FakeGraphs())
     monkeypatch.setattr(graphs, "decide", lambda *a, **k: (True, "cuda_graphs: test"))
     trainer = _trainer(spec, tmp_path / "crt")
     trainer.fit()
-    # cRT's class-aware epoch is 13 full batches: a new runner warms up, captures, replays 10 of them.
+    # cRT's class-aware epoch is 13 full batches: a new runner warms up, captures, replays 12 of them.
     assert trainer.phase == "crt" and sorted(trainer.runner.graphs) == ["full"]
-    assert trainer.runner.replays == {"full": 13 - 3}
+    assert trainer.runner.replays == {"full": 13 - 1}
     classifier = set(map(id, trainer.model.classifier.parameters()))
     assert {id(p) for g in trainer.optimizer.param_groups for p in g["params"]} == classifier
 

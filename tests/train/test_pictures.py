@@ -38,13 +38,14 @@ def _texts(fig: Figure) -> str:
 
 def test_the_per_class_plot_has_a_legend_the_regions_and_its_epoch(tmp_path, saved):
     pytest.importorskip("torch")
-    from hpc_train.train.observe.report import finish
+    from hpc_train.train.observe.report import finish, wait_for_pictures
 
     record = {"epoch": 7, "phase": "main", "top1": 0.5, "balanced": 0.5, "many": 0.9, "medium": 0.5, "few": 0.1,
               "per_class": [0.95, 0.9, 0.7, 0.6, 0.5, 0.4, 0.2, 0.1, 0.0, 0.1]}
     timing = {"epochs": 7, "wall_s": 1.0, "setup_s": 0.1, "train_images_per_s": 10.0, "eval_images_per_s": 10.0}
     finish(run_dir=tmp_path, data_name="digits-lt", num_classes=10, total_epochs=7, global_step=70, world_size=1,
            counts=COUNTS, best=record, last=record, tau_record=None, timing=timing, is_main=True)
+    wait_for_pictures()  # drawn in the background, after the end line
     (fig,) = saved
     (ax,) = fig.axes
     assert "last epoch (7)" in ax.get_title() and "digits-lt" in ax.get_title()

@@ -8,10 +8,12 @@ continue from it go into each checkpoint, so a run resumed from any checkpoint, 
 mid-epoch after a preemption signal, at the same or another world size, takes the same optimizer steps on
 the same batches with the same augmentations as one that never stopped.
 
-The jobs around the loop have their own modules: the step (:mod:`.step`) and its CUDA graphs
-(:mod:`.graphs`), evaluation (:mod:`.evaluation`), checkpoint capture and restore (:mod:`.snapshots`),
+The jobs around the loop have their own modules: the step (:mod:`.step`, :mod:`.lean`) and its CUDA graphs
+(:mod:`.graphs`), the epoch boundary, checkpoints, preemption and the end (:mod:`.boundary`), evaluation
+(:mod:`.evaluation`, in the background: :mod:`.overlap`), checkpoint capture and restore (:mod:`.snapshots`),
 the agreement between ranks (:mod:`.control`) and the end-of-run report (:mod:`.report`). The host does
-not wait for the GPU inside an epoch: losses are read behind the steps, ranks agree on the CPU.
+not wait for the GPU inside an epoch nor between epochs: losses are read behind the steps, ranks agree on the
+CPU, an epoch's evaluation is read when the next one ends.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import torch
 
 from ...config import JobSpec, ScheduleConfig
 from ...config.batchnorm import decide as batchnorm_decision
+from ...config.plugins import is_import_path
 from ...errors import ConfigError
-from ...rank import preempt
 from ...runs import rundir
 from ..data.datasets import DataSource
 from ..data.pipeline import EpochPlan, Feed, default_crop_padding, default_flip
@@ -38,31 +40,41 @@ from ..model.losses import build_loss
 from ..model.models import LongTailNet, init_model
 from ..model.plugins import capture_check_required
 from ..observe import report
+from ..observe.evaluation import Evaluator
 from ..observe.pulse import Pulse
-from ..observe.evaluation import Evaluator, Head
 from ..state import checkpoint as ckpt
 from ..state.best_held_out import BestHeldOut
 from ..state.snapshots import Checkpointer
 from . import graphs, phases
+from .boundary import EpochBoundary
 from .context import RankContext
-from .control import Agreement, Flags, requeue_or_stop
+from .control import Agreement
 from .schedule import LrSchedule, scaled_lr
 from .step import StepState, build_optimizer, reads_tensor_lr
 
 log = logging.getLogger("hpc_train.train")
 
 
-class Trainer:
+def stored_dtype(cfg, amp_dtype: torch.dtype | None) -> torch.dtype:
+    """What in-memory images are stored in: the AMP dtype where the model's first layer (a convolution of a
+    built-in model) casts its input to it anyway — bit for bit the same values, half the bytes, no cast per
+    step — else float32. A plug-in model's first operation is unknown: float32."""
+    return amp_dtype if amp_dtype is not None and not is_import_path(cfg.model.name) else torch.float32
+
+
+class Trainer(EpochBoundary):
     def __init__(self, spec: JobSpec, ctx: RankContext, data: DataSource, run_dir: Path) -> None:
         t = spec.train
         self.spec, self.cfg, self.ctx, self.data, self.run_dir = spec, t, ctx, data, run_dir
         self.device = ctx.device
         self.counts: list[int] = [int(c) for c in data.train_counts]
         self.total_epochs = t.epochs + t.two_stage.crt_epochs
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.amp)
         self.feed = Feed(data, self.device, rank=ctx.rank, world_size=ctx.world_size, seed=t.seed,
                          crop_padding=default_crop_padding(t, data), flip=default_flip(t, data),
                          channels_last=t.channels_last, num_workers=t.data.num_workers,
-                         color_jitter=t.data.color_jitter, mixup_alpha=t.mixup_alpha)
+                         color_jitter=t.data.color_jitter, mixup_alpha=t.mixup_alpha,
+                         dtype=stored_dtype(t, self.amp_dtype))
         if t.mixup_alpha and not data.in_memory:
             raise ConfigError(f"train.mixup_alpha mixes in-memory data sets; {data.name} streams from disk: set it to 0")
 
@@ -85,7 +97,6 @@ class Trainer:
         """The stage-1 classifier and BatchNorm buffers, kept when cRT starts (τ-normalisation uses them)."""
         self.max_norm: two_stage.MaxNorm | None = None
         """Weight balancing's MaxNorm of stage 2 (``two_stage.crt_max_norm``), its radius fixed when stage 2 starts."""
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.amp)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=t.amp == "fp16")
 
         self.captured, self.graphs_reason = graphs.decide(t, self.device, world_size=ctx.world_size,
@@ -99,13 +110,13 @@ class Trainer:
         self.checkpointer = Checkpointer(run_dir, self.device, keep=t.keep_checkpoints, writer=ctx.is_main,
                                          train_state=self)
         self.best_held_out = BestHeldOut(run_dir, self.checkpointer, self.agreement.barrier, is_main=ctx.is_main)
+        self.clock = report.RunClock(self.device)
         self.evaluator = Evaluator(self.model, self.feed, num_classes=data.num_classes, batch_size=t.eval_batch_size,
                                    distributed=ctx.distributed, autocast=self._autocast, train_counts=self.counts,
                                    posthoc_tau=t.loss.posthoc_tau, run_dir=run_dir, is_main=ctx.is_main,
-                                   tensorboard=t.tensorboard,
+                                   tensorboard=t.tensorboard, clock=self.clock,
                                    logit_scale=t.loss.ldam_scale if t.model.classifier == "cosine" else 1.0)
         self.progress = report.Progress(self.device, printing=ctx.is_main)
-        self.clock = report.RunClock(self.device)
         self.plan: EpochPlan | None = None
         self._next_tables: dict[tuple[str, int], dict] = {}
         self.runner: graphs.CapturedSteps | None = None
@@ -228,12 +239,13 @@ class Trainer:
         self.train_model, self.step = phases.assemble_step(
             t, self.model, self.ctx, captured=self.captured, criterion=criterion, optimizer=self.optimizer,
             state=self.state, counts=self.counts, autocast=self._autocast, scaler=self.scaler, main=phase == "main",
-            images=self.feed.train_images() if self.data.in_memory else None)
+            images=self.feed.train_images() if self.data.in_memory else None, amp_dtype=self.amp_dtype)
         self.pulse.attach(getattr(self.train_model, "_orig_mod", self.train_model))  # the DDP model under compile
         self.plan = None  # the plan's shapes are the phase's
         self.runner = graphs.CapturedSteps(self.step, self.device, agree=self.agreement.agree_all,
                                            before_capture=self.checkpointer.wait,
-                                           check=", ".join(capture_check_required(t)) or None) if self.captured else None
+                                           check=", ".join(capture_check_required(t)) or None,
+                                           warmup=graphs.warmup_steps(self.ctx.world_size)) if self.captured else None
 
     def _best_held_out_weights(self) -> dict[str, Any] | None:
         """Stage 1's best model on the held-out split, or None without one (stage 2 then starts from the end of
@@ -264,8 +276,11 @@ class Trainer:
             log.info("training %s: %d epochs (+%d cRT), %d steps per epoch, batch %d (%d per rank x %d ranks)",
                      self.data.name, t.epochs, t.two_stage.crt_epochs, self.steps_per_epoch, t.batch_size,
                      t.batch_size // self.ctx.world_size, self.ctx.world_size)
+        if self.ctx.is_main:
+            report.prepare_pictures()
         while self.epoch < self.total_epochs:
             self.fit_epoch()
+        self.settle_evaluation()  # recorded already by the last checkpoint; nothing may stay unread
         self.checkpointer.wait()
         tau_record = None
         if t.two_stage.tau_norm:
@@ -276,32 +291,21 @@ class Trainer:
         return self._finish(tau_record)
 
     def fit_epoch(self) -> None:
-        """One epoch of :meth:`fit`: train, agree, evaluate and record, checkpoint, stop if preempted."""
+        """One epoch of :meth:`fit`: its steps, then its end (:meth:`~.boundary.EpochBoundary.end_epoch`: agree,
+        evaluate in the background, checkpoint when due, stop if preempted)."""
         t = self.cfg
         if self.epoch >= t.epochs and self.phase == "main":
             self._setup_phase("crt", starting=True)
         self.train_epoch()
         if self.max_norm is not None and self.phase == "crt":
             self.max_norm.project(self.model.classifier)  # once per epoch, after its steps (weight balancing)
-        self.progress.record(self.state.loss, self.state.nonfinite, None, f"epoch {self.epoch} (its end)")
-        self.progress.flush(wait=True)  # the epoch's last steps too: a non-finite loss stops the run here at the latest
-        flags = self.agreement.now(self._my_flags())
-        self.pulse.epoch_end(self)
-        if flags.nonfinite:
-            self._stop_nonfinite()
-        end_of_phase = self.epoch in (t.epochs, self.total_epochs)
-        if self.epoch % t.eval_every_epochs == 0 or end_of_phase:
-            self.evaluate_and_record()
-        periodic = flags.checkpoint if t.checkpoint_every_s else self.epoch % t.checkpoint_every_epochs == 0
-        if periodic or end_of_phase:
-            self.save_checkpoint(wait=end_of_phase)
-        if flags.stop and self.epoch < self.total_epochs:
-            self._preempt(flags.requeue)
+        self.end_epoch()
 
     def train_epoch(self) -> None:
         """The optimizer steps of the current epoch, from ``step_in_epoch`` on."""
         t = self.cfg
         self.step.criterion.set_epoch(self.epoch)  # DRW: the class weights switch in place
+        self.progress.begin_epoch()
         self.train_model.train()
         if self.phase == "crt" and t.two_stage.crt_bn == "frozen":
             self.model.backbone.eval()  # stage 1's BatchNorm statistics (classifier-balancing re-estimates them)
@@ -355,96 +359,3 @@ class Trainer:
                 self._preempt(flags.requeue)
             if flags.checkpoint and t.checkpoint_every_s:
                 self.save_checkpoint(wait=False)  # written in the background while training goes on
-
-    # ------------------------------------------------------------------------------------------
-    # Agreement, preemption and checkpoints
-    # ------------------------------------------------------------------------------------------
-
-    def _my_flags(self) -> Flags:
-        due = False
-        t = self.cfg
-        if self.ctx.is_main and t.checkpoint_every_s and not self._checkpoint_asked:
-            due = self._checkpoint_asked = time.monotonic() - self._last_checkpoint_s >= t.checkpoint_every_s
-        return Flags(stop=preempt.requested(), requeue=preempt.requeue_requested(), checkpoint=due,
-                     nonfinite=self.progress.nonfinite_at is not None)
-
-    def _stop_nonfinite(self) -> None:
-        where = self.progress.nonfinite_at or "on another rank"
-        message = (f"the training loss is not finite (nan or inf), first seen at {where}; stopped after "
-                   f"{self.global_step} optimizer steps (checkpoints in {self.run_dir} predate it). Lower "
-                   "train.optim.lr (or lengthen its warm-up), use amp bf16 rather than fp16, or check the data")
-        self._write_status(rundir.FAILED, exit_code=rundir.EXIT_FAILED, reason=message)
-        raise report.NonFiniteLoss(message)
-
-    def _preempt(self, by_requeue_signal: bool) -> None:
-        mine = preempt.received()
-        log.warning("preemption signal (%s) — checkpointing at epoch %d step %d",
-                    ",".join(mine) if mine else "on another rank", self.epoch, self.step_in_epoch)
-        path = self.save_checkpoint(wait=True)  # written and fsynced before any requeue or exit
-        s = self.spec.slurm
-        requeued, summary = requeue_or_stop(self.agreement, is_main=self.ctx.is_main, requeue_enabled=s.requeue,
-                                            max_requeues=s.max_requeues, by_requeue_signal=by_requeue_signal,
-                                            checkpoint_name=path.name, run_dir=self.run_dir)
-        self._write_status(rundir.REQUEUED if requeued else rundir.PREEMPTED,
-                           exit_code=rundir.EXIT_OK if requeued else rundir.EXIT_CHECKPOINTED)
-        if self.ctx.is_main:
-            log.warning(summary)
-        raise preempt.Preempted(requeued=requeued, message=summary, checkpoint=str(path))
-
-    def save_checkpoint(self, *, wait: bool = True) -> Path:
-        """All ranks take part (RNG states are gathered); rank 0 writes — in the background unless
-        ``wait`` (then the file is on disk on return, every rank past it); returns the path."""
-        path = ckpt.checkpoint_path(self.run_dir, self.global_step)
-        if self._saved_at_step != self.global_step:
-            self.checkpointer.save(self.global_step, wait=False)  # every rank: it asks for state_dict()
-            self._saved_at_step = self.global_step
-            self._last_checkpoint_s, self._checkpoint_asked = time.monotonic(), False
-        if wait:
-            self.checkpointer.wait()
-            self.agreement.barrier()
-        self.pulse.beat(self, "checkpoint")
-        return path
-
-    # ------------------------------------------------------------------------------------------
-    # Evaluation and the end
-    # ------------------------------------------------------------------------------------------
-
-    def heads(self) -> dict[str, Head]:
-        return self.evaluator.heads()
-
-    def evaluate(self, split: str, heads: dict[str, Head]) -> dict[str, tuple[list, list]]:
-        """Per-class [correct, count] of each head on ``split``, summed over ranks (one host read)."""
-        return self.evaluator.evaluate({split: heads})[split]
-
-    def evaluate_and_record(self) -> dict[str, Any]:
-        before = self.evaluator.images
-        self.pulse.beat(self, "eval")
-        self.clock.start("eval")
-        record = self.evaluator.evaluate_and_record(epoch=self.epoch, total_epochs=self.total_epochs,
-                                                    global_step=self.global_step, phase=self.phase,
-                                                    has_val=self.data.val is not None)
-        self.clock.stop("eval", self.evaluator.images - before)
-        if self.evaluator.improved_main:  # its own snapshot, whatever the checkpoint cadence
-            self.best_held_out.save(record, self.model)
-        return record
-
-    def _finish(self, tau_record: dict[str, Any] | None) -> dict[str, Any]:
-        timing = {**self.clock.timing(self.total_epochs - self._first_epoch),
-                  **graphs.graph_facts(self.captured, self.graphs_reason, self.runner, compiled=self.cfg.compile),
-                  "checkpoint_stall_ms_max": round(1000 * max(self.checkpointer.stall_s, default=0.0), 2)}
-        summary = report.finish(run_dir=self.run_dir, data_name=self.data.name, num_classes=self.data.num_classes,
-                                total_epochs=self.total_epochs, global_step=self.global_step,
-                                world_size=self.ctx.world_size, counts=self.counts, best=self.best, last=self.last,
-                                best_on_test=self.evaluator.best_on_test,
-                                tau_record=tau_record, timing=timing, is_main=self.ctx.is_main)
-        self._write_status(rundir.COMPLETED, exit_code=rundir.EXIT_OK)
-        self.pulse.beat(self, "done", force=True)
-        return summary
-
-    def _write_status(self, state: str, exit_code: int | None = None, **extra: Any) -> None:
-        """Rank 0 records the run's state and progress in the run directory (its owner: hpc_train.runs.rundir)."""
-        if self.ctx.is_main:
-            instance, restart = rundir.instance_of()
-            rundir.append_event(self.run_dir, state, writer="trainer", instance=instance, restart=restart,
-                                epoch=self.epoch, step_in_epoch=self.step_in_epoch, global_step=self.global_step,
-                                total_epochs=self.total_epochs, exit_code=exit_code, **extra)

@@ -1,12 +1,13 @@
 """CUDA graphs of the whole training step, and torch.compile around it.
 
 Following PyTorch's CUDA-semantics notes on whole-network capture: every batch shape of a phase (the
-full global batch, and the epoch's short last one) gets its own graph. A shape's first
-:data:`WARMUP_STEPS` occurrences run eagerly on a side stream — they are real steps of the run, and they
-do the lazy work a capture must not meet (cuBLAS/cuDNN handles and workspaces, ``cudnn.benchmark``'s
-search, the optimizer's momentum buffers, compilation under ``compile: true``) — then the next
-occurrence is captured on that same stream and replayed from then on; capture itself runs nothing,
-so the captured step is replayed once right away. The step reads everything that changes through
+full global batch, and the epoch's short last one) gets its own graph. A shape's first occurrences
+(:func:`warmup_steps`: one at world size 1, three with several ranks) run eagerly on a side stream — they are
+real steps of the run, and they do the lazy work a capture must not meet (cuBLAS/cuDNN handles and
+workspaces, ``cudnn.benchmark``'s search, the optimizer's momentum buffers, compilation under ``compile:
+true``) — then the next occurrence is captured on that same stream and replayed from then on (at world size 1
+the short last batch is captured in the second epoch); capture itself runs nothing, so the captured step is
+replayed once right away. The step reads everything that changes through
 device tensors updated in place (:mod:`.step`), so a replay needs no input from the host. Whatever
 reassigns what a graph read (a new classifier and optimizer at cRT) starts a new :class:`CapturedSteps`.
 
@@ -35,7 +36,14 @@ from .step import TrainStep
 log = logging.getLogger("hpc_train.train")
 
 WARMUP_STEPS = 3
-"""Eager steps per batch shape before its capture (PyTorch's example warms up with 3)."""
+"""Eager steps per batch shape before its capture with several ranks (PyTorch's example warms up with 3; DDP's
+notes ask for several before a capture)."""
+
+
+def warmup_steps(world_size: int) -> int:
+    """Eager steps per batch shape before its capture: one at world size 1 (its lazy work is all done by the
+    first step; every extra eager step is set-up time), :data:`WARMUP_STEPS` with several ranks."""
+    return 1 if world_size == 1 else WARMUP_STEPS
 
 
 def decide(cfg: TrainConfig, device: torch.device, *, world_size: int, in_memory: bool) -> tuple[bool, str]:
@@ -113,8 +121,10 @@ class CapturedSteps:
 
     def __init__(self, step: TrainStep, device: torch.device, *, agree: Callable[[bool], bool],
                  before_capture: Callable[[], None] = lambda: None, backend: CudaGraphs | None = None,
-                 check: str | None = None) -> None:
+                 check: str | None = None, warmup: int = WARMUP_STEPS) -> None:
         self.step, self.device, self.agree, self.before_capture = step, device, agree, before_capture
+        self.warmup = warmup
+        """Eager steps per batch shape before its capture (:func:`warmup_steps`)."""
         self.backend = backend or BACKEND
         self.check = check
         """Code not known to be capture-safe (plug-ins, e.g. ``model mylab.models:build``): its warm-up steps
@@ -136,7 +146,7 @@ class CapturedSteps:
             self.replays[kind] += 1
             return
         current = self.backend.current(self.device)
-        if self.seen[kind] < WARMUP_STEPS:
+        if self.seen[kind] < self.warmup:
             self.seen[kind] += 1
             self.stream.wait_stream(current)
             with self.backend.on(self.stream), self._checked():
@@ -184,7 +194,7 @@ class CapturedSteps:
             self.step.body(kind)  # this step, eagerly (the capture ran nothing)
             return
         self.graphs[kind] = graph
-        log.info("cuda_graphs: captured the %s-batch step after %d eager steps", kind, WARMUP_STEPS)
+        log.info("cuda_graphs: captured the %s-batch step after %d eager steps", kind, self.warmup)
         graph.replay()
         self.replays[kind] += 1
 

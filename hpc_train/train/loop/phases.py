@@ -21,13 +21,16 @@ from ...config import TrainConfig
 from ..data.pipeline import DeviceImages
 from . import graphs
 from .context import RankContext
+from .lean import ComputeWeights, LeanForward
 from .sam import SharpnessAware
 from .step import GradAllReduce, StepState, TrainStep, eager_forward
 
 
 def sharpness_aware(cfg: TrainConfig, optimizer: torch.optim.Optimizer, counts: Sequence[int],
-                    device: torch.device, grad_sync: GradAllReduce | None) -> SharpnessAware | None:
-    """SAM, or ImbSAM with ``optim.sam_tail_below``, over the optimizer's parameters (None when ``sam_rho`` is 0)."""
+                    device: torch.device, grad_sync: GradAllReduce | None,
+                    weights: ComputeWeights | None = None) -> SharpnessAware | None:
+    """SAM, or ImbSAM with ``optim.sam_tail_below``, over the optimizer's parameters (None when ``sam_rho`` is 0);
+    ``weights``: the compute copy the forward passes read (:mod:`.lean`)."""
     o = cfg.optim
     if not o.sam_rho:
         return None
@@ -35,28 +38,49 @@ def sharpness_aware(cfg: TrainConfig, optimizer: torch.optim.Optimizer, counts: 
     tail = None
     if o.sam_tail_below:
         tail = torch.tensor([n < o.sam_tail_below for n in counts], dtype=torch.bool, device=device)
-    sync = None if grad_sync is None else (lambda: grad_sync.after_backward(params))
-    return SharpnessAware(params, o.sam_rho, tail_classes=tail, tail_weight=o.sam_tail_weight, sync=sync)
+
+    def sync() -> None:
+        if weights is not None:
+            weights.to_params()
+        if grad_sync is not None:
+            grad_sync.after_backward(params)
+
+    moved = None if weights is None else weights.refresh
+    return SharpnessAware(params, o.sam_rho, tail_classes=tail, tail_weight=o.sam_tail_weight, sync=sync,
+                          moved=moved)
+
+
+def lean_forward(cfg: TrainConfig, model: nn.Module, amp_dtype: torch.dtype | None) -> LeanForward:
+    """The plain model through :class:`~.lean.LeanForward`, on a copy of its weights in the AMP dtype unless
+    ``amp_weight_copy`` is off (autocast then casts them in every pass)."""
+    copy = amp_dtype is not None and cfg.amp_weight_copy
+    return LeanForward(model, ComputeWeights(model.backbone, amp_dtype) if copy else None)
 
 
 def assemble_step(cfg: TrainConfig, model: nn.Module, ctx: RankContext, *, captured: bool, criterion: nn.Module,
                   optimizer: torch.optim.Optimizer, state: StepState, counts: Sequence[int],
                   autocast: Callable[[], contextlib.AbstractContextManager], scaler: torch.amp.GradScaler,
-                  images: DeviceImages | None, main: bool) -> tuple[nn.Module, TrainStep]:
+                  images: DeviceImages | None, main: bool,
+                  amp_dtype: torch.dtype | None = None) -> tuple[nn.Module, TrainStep]:
     """The phase's forward module and its :class:`~.step.TrainStep` (see the module docstring); SAM applies
-    to the main stage (``main``), not to stage 2's classifier."""
+    to the main stage (``main``), not to stage 2's classifier. The plain model runs as :func:`lean_forward`
+    (``amp_dtype``: the AMP dtype, None without AMP); DDP, DataParallel and compile take the model as it is."""
     sharp = bool(cfg.optim.sam_rho) and main
     grad_sync = None
     if captured or (sharp and ctx.distributed):  # the all-reduce is in the step
-        forward: nn.Module = graphs.compile_module(model) if cfg.compile else model
         if ctx.distributed:
             grad_sync = GradAllReduce(model, ctx.world_size)
             for p in model.parameters():  # as DDP's constructor does
                 dist.broadcast(p.data, 0)
+        forward: nn.Module = graphs.compile_module(model) if cfg.compile else lean_forward(cfg, model, amp_dtype)
     else:
         forward = eager_forward(model, cfg.strategy, ctx.device, distributed=ctx.distributed)
-        forward = graphs.compile_module(forward) if cfg.compile else forward
-    sam = sharpness_aware(cfg, optimizer, counts, ctx.device, grad_sync) if sharp else None
+        if cfg.compile:
+            forward = graphs.compile_module(forward)
+        elif forward is model:
+            forward = lean_forward(cfg, model, amp_dtype)
+    weights = forward.weights if isinstance(forward, LeanForward) else None
+    sam = sharpness_aware(cfg, optimizer, counts, ctx.device, grad_sync, weights) if sharp else None
     step = TrainStep(forward=forward, criterion=criterion, optimizer=optimizer, state=state, autocast=autocast,
                      scaler=scaler, grad_sync=grad_sync, images=images, sam=sam)
     return forward, step

@@ -36,14 +36,18 @@ Terms = Callable[[], tuple[Tensor, Tensor, Tensor]]
 
 class SharpnessAware:
     """One SAM or ImbSAM step over ``params`` (the optimizer's). ``tail_classes``: a ``(C,)`` bool tensor of
-    ImbSAM's tail classes, None for SAM on every class. ``sync``: the gradient all-reduce after each backward
-    pass (None with one rank)."""
+    ImbSAM's tail classes, None for SAM on every class. ``sync``: what follows each backward pass before the
+    gradients are read (the gradient all-reduce with several ranks; the compute copy's gradients cast into the
+    parameters', :mod:`.lean`). ``moved``: what follows the perturbation of the weights (the compute copy
+    refreshed)."""
 
     def __init__(self, params: Sequence[nn.Parameter], rho: float, *, tail_classes: Tensor | None = None,
-                 tail_weight: float = 1.0, sync: Callable[[], None] | None = None) -> None:
+                 tail_weight: float = 1.0, sync: Callable[[], None] | None = None,
+                 moved: Callable[[], None] | None = None) -> None:
         self.params, self.rho = list(params), rho
         self.tail_classes, self.tail_weight = tail_classes, tail_weight
         self.sync = sync or (lambda: None)
+        self.moved = moved or (lambda: None)
         self._saved: list[Tensor] = []
         self._kept: list[Tensor] = []
 
@@ -62,6 +66,7 @@ class SharpnessAware:
         if grads:
             scale = self.rho / (norm + EPS)
             torch._foreach_add_(moved, torch._foreach_mul(grads, scale))
+        self.moved()
         return moved
 
     @torch.no_grad()

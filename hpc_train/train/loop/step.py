@@ -3,12 +3,12 @@ other path (the CPU, the fallback, the tests) runs eagerly — one formulation, 
 arithmetic of the per-batch loop it replaced.
 
 Everything that changes from step to step lives in device tensors the step reads or updates in place
-(:class:`StepState`): the position in the epoch (which row of the epoch's :class:`~.pipeline.EpochPlan`
-is this step's batch and augmentation), the learning rate (a tensor the fused optimizer reads; the
-epoch's rates are a table indexed by the position), the last loss and a flag that goes up on a
-non-finite loss. The DRW class weights and LDAM margins are buffers of the loss, switched in place by
-``set_epoch``. So a step is the same kernels reading the same addresses every time, and the host's only
-per-step work is to launch it (or to replay its graph).
+(:class:`StepState`): the position in the epoch (which row of the epoch's :class:`~.plan.EpochPlan`
+is this step's batch, augmentation and targets), the learning rate (a tensor the fused optimizer reads; the
+epoch's rates are a table indexed by the position, read into it by one ``index_select``), the last loss and a
+value that turns NaN at a non-finite loss. The DRW class weights and LDAM margins are buffers of the loss,
+switched in place by ``set_epoch``. So a step is the same kernels reading the same addresses every time, and
+the host's only per-step work is to launch it (or to replay its graph).
 
 SGD is ``torch.optim.SGD(fused=True)`` with a tensor lr: one kernel, no host value, and on the CPU bit
 for bit the for-loop SGD with a float lr (tested). AdamW's fused kernel rounds differently from the
@@ -25,6 +25,10 @@ backward passes per step) uses it on the eager path too.
 Mixup (``mixup_alpha``) mixes this rank's images with their partners in the global batch (:class:`Mixed`:
 the partners' images, targets and λ come from the epoch plan, drawn per global batch); the loss is
 λ·L(y) + (1 - λ)·L(y[π]), each normalised over the global batch as always.
+
+Where the step runs the plain model, it runs it through :class:`~.lean.LeanForward`: under AMP on one copy of
+the weights in the compute dtype, refreshed after every optimizer step, and with BatchNorm's counters advanced
+together (:mod:`.lean`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from torch import Tensor, nn
 from ...config import TrainConfig
 from ..data.pipeline import DeviceImages, EpochPlan
 from ..model.batchnorm import broadcast_buffers
+from .lean import ComputeWeights, LeanForward
 from .sam import SharpnessAware
 
 
@@ -63,22 +68,28 @@ class StepState:
 
     position: Tensor
     """``(1,)`` int64: the step's index in the epoch (row of the plan and of ``lr_table``)."""
+    lr_box: Tensor
+    """``(1,)`` float32: where the step reads its rate into (``index_select(..., out=)``: one operation)."""
     lr: Tensor
-    """0-dim float32: the learning rate the optimizer reads."""
+    """0-dim float32, a view of ``lr_box``: the learning rate the optimizer reads."""
     lr_table: Tensor
     """``(steps per epoch,)`` float32: the epoch's learning rates, refilled each epoch."""
     loss: Tensor
     """0-dim float32: the last step's loss (this rank's share)."""
     nonfinite: Tensor
-    """0-dim bool: a non-finite loss since the flag was last cleared."""
+    """0-dim float32: 0 × every loss so far, summed — 0 while they were finite, NaN from the first that was not
+    (0 × inf and 0 × NaN are NaN): one operation a step where a flag took six."""
+    zero: Tensor
+    """0-dim float32 zero (the factor of ``nonfinite``)."""
 
     @classmethod
     def on(cls, device: torch.device) -> "StepState":
-        return cls(position=torch.zeros(1, dtype=torch.int64, device=device),
-                   lr=torch.zeros((), dtype=torch.float32, device=device),
+        box = torch.zeros(1, dtype=torch.float32, device=device)
+        return cls(position=torch.zeros(1, dtype=torch.int64, device=device), lr_box=box, lr=box.view(()),
                    lr_table=torch.zeros(0, dtype=torch.float32, device=device),
                    loss=torch.zeros((), dtype=torch.float32, device=device),
-                   nonfinite=torch.zeros((), dtype=torch.bool, device=device))
+                   nonfinite=torch.zeros((), dtype=torch.float32, device=device),
+                   zero=torch.zeros((), dtype=torch.float32, device=device))
 
     def begin_epoch(self, lrs: Sequence[float], start_step: int) -> None:
         """The epoch's learning rates (computed on the host, rounded to float32 as the optimizer would)
@@ -154,6 +165,8 @@ class TrainStep:
         self.forward, self.criterion, self.optimizer = forward, criterion, optimizer
         self.state, self.autocast, self.scaler, self.grad_sync, self.images = state, autocast, scaler, grad_sync, images
         self.sam = sam
+        self.weights: ComputeWeights | None = forward.weights if isinstance(forward, LeanForward) else None
+        """The copy of the weights in the compute dtype the forward pass reads (:mod:`.lean`), or None."""
         self.plan: EpochPlan | None = None
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.host_lrs: list[float] = []
@@ -167,14 +180,14 @@ class TrainStep:
         plan, images, pos = self.plan, self.images, self.state.position
         assert plan is not None and images is not None
         with self.guard():
-            idx, whole, coords = plan.row(kind, pos)
-            x, y = images.apply(idx, coords)
+            batch = plan.row(kind, pos)
+            x = images.gather(batch.idx, batch.coords)
             mixed = None
-            if plan.mixing:
-                mix_idx, mix_whole, mix_coords = plan.row(kind, pos, prefix="mix_")
-                x_b, y_b = images.apply(mix_idx, mix_coords)
-                mixed = Mixed(x_b, y_b, images.labels[mix_whole], plan.lam(kind, pos))
-            self._step(x, y, images.labels[whole], mixed)
+            if batch.mix is not None:
+                partners = batch.mix
+                mixed = Mixed(images.gather(partners.idx, partners.coords), partners.y, partners.y_global,
+                              plan.lam_at(kind, pos))
+            self._step(x, batch.y, batch.y_global, mixed)
 
     def compute(self, x: Tensor, y: Tensor, y_global: Tensor) -> None:
         """The step for a batch the host hands over (DataLoader batches)."""
@@ -184,7 +197,7 @@ class TrainStep:
     def _step(self, x: Tensor, y: Tensor, y_global: Tensor, mixed: Mixed | None = None) -> None:
         state = self.state
         if reads_tensor_lr(self.optimizer):
-            state.lr.copy_(state.lr_table.index_select(0, state.position).view(()))
+            torch.index_select(state.lr_table, 0, state.position, out=state.lr_box)
         else:  # plain AdamW (eager only): the host knows the rate
             rate = self.host_lrs[self.host_step]
             for group in self.optimizer.param_groups:
@@ -196,7 +209,7 @@ class TrainStep:
         else:
             done = self._plain_step(x, y, y_global, mixed)
         state.loss.copy_(done)
-        state.nonfinite.logical_or_(~torch.isfinite(done))
+        state.nonfinite.addcmul_(done, state.zero)
         state.position.add_(1)
 
     def _loss(self, x: Tensor, y: Tensor, y_global: Tensor, mixed: Mixed | None) -> Tensor:
@@ -215,27 +228,41 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler.is_enabled():
             self.scaler.scale(loss).backward()
+            self._gradients_to_params()
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             loss.backward()
+            self._gradients_to_params()
             if self.grad_sync is not None:
                 self.grad_sync.after_backward(self.params)
             self.optimizer.step()
+        self.weights_moved()
         return loss.detach()
+
+    def _gradients_to_params(self) -> None:
+        if self.weights is not None:
+            self.weights.to_params()
+
+    def weights_moved(self) -> None:
+        """The float32 weights changed (the optimizer step, SAM's perturbation): the compute copy follows."""
+        if self.weights is not None and self.weights.trainable:
+            self.weights.refresh()
 
     def _sharpness_aware_step(self, x: Tensor, y: Tensor, y_global: Tensor, mixed: Mixed | None) -> Tensor:
         """SAM or ImbSAM (:mod:`.sam`): the same inputs for both passes."""
         sam = self.sam
         assert sam is not None
         if sam.tail_classes is None:
-            return sam.step(lambda: self._loss(x, y, y_global, mixed), self.optimizer)
+            done = sam.step(lambda: self._loss(x, y, y_global, mixed), self.optimizer)
+        else:
+            def terms() -> tuple[Tensor, Tensor, Tensor]:
+                if self.grad_sync is not None:
+                    self.grad_sync.before_forward()
+                with self.autocast():
+                    values, scale = self.criterion.terms(self.forward(x), y, y_global)
+                return values, scale, y
 
-        def terms() -> tuple[Tensor, Tensor, Tensor]:
-            if self.grad_sync is not None:
-                self.grad_sync.before_forward()
-            with self.autocast():
-                values, scale = self.criterion.terms(self.forward(x), y, y_global)
-            return values, scale, y
-
-        return sam.imbalanced_step(terms, self.optimizer)
+            done = sam.imbalanced_step(terms, self.optimizer)
+        self.weights_moved()
+        return done

@@ -14,6 +14,10 @@ code at every epoch. Cross-entropy-type losses divide by the summed weights of t
 ``F.cross_entropy(weight=w)`` and LDAM-DRW's criterion do; focal divides by the batch size (its
 per-sample reduction, LDAM-DRW's ``FocalLoss``).
 
+The per-class buffers (class weights, margins, offsets) are computed and kept in float64; :meth:`LongTailLoss.
+reserve` makes their copies in the step's dtype (float32) once, so a step reads them without casting (three
+casts per step before) — the same values, as a float64 → float32 cast at every step gave.
+
 Balanced softmax and the logit-adjusted loss are implemented separately on purpose: with τ = 1 they are
 the same function (log n_c and log π_c differ by log N, which softmax ignores), and a test checks that
 two independent implementations agree.
@@ -76,28 +80,42 @@ class LongTailLoss(nn.Module):
         weighted = cfg.reweight == "class_balanced" and cfg.drw_epoch is None
         self.register_buffer("class_weights", cb.clone() if weighted else torch.ones_like(cb), persistent=False)
         self._zeros = torch.zeros(0)
+        self._compute: dict[str, Tensor] = {}
+        """The per-class buffers in the step's dtype (:meth:`reserve`), by name: what a step reads."""
+
+    per_class_buffers: tuple[str, ...] = ("class_weights",)
+    """The float64 buffers a step reads, each kept in the step's dtype too (:meth:`per_class`)."""
 
     def set_epoch(self, epoch: int) -> None:
-        """DRW: plain loss before ``drw_epoch``, class-balanced weights from it on."""
+        """DRW: plain loss before ``drw_epoch``, class-balanced weights from it on (in place, the copy in the
+        step's dtype too)."""
         if self.drw_epoch is not None:
             self.class_weights.copy_(self.cb_weights if epoch >= self.drw_epoch else torch.ones_like(self.cb_weights))
+            if "class_weights" in self._compute:
+                self._compute["class_weights"].copy_(self.class_weights)
+
+    def per_class(self, name: str, dtype: torch.dtype) -> Tensor:
+        """The per-class buffer ``name`` in ``dtype``: the copy :meth:`reserve` made (no cast in a step), or a cast."""
+        kept = self._compute.get(name)
+        return kept if kept is not None and kept.dtype == dtype else getattr(self, name).to(dtype)
 
     def _prepare(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """Losses are computed in float32 at least (AMP logits arrive in bf16/fp16; float64 stays
-        float64); the per-class buffers are kept in float64 and follow the logits' dtype."""
+        float64); the per-class buffers are kept in float64 and read in the logits' dtype."""
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
-        return logits, self.class_weights.to(logits.dtype)
+        return logits, self.per_class("class_weights", logits.dtype)
 
     def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         """``(b,)`` loss values, each weighted by its target's class weight where the loss is weighted."""
         raise NotImplementedError
 
     def reserve(self, batch: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Allocate :meth:`normaliser`'s scratch for global batches up to ``batch`` now: a captured step
-        must not allocate state that outlives it."""
+        """Allocate :meth:`normaliser`'s scratch for global batches up to ``batch`` and the per-class buffers in
+        ``dtype`` now: a captured step must not allocate state that outlives it."""
         if self._zeros.shape[0] < batch or self._zeros.dtype != dtype or self._zeros.device != device:
             self._zeros = torch.zeros(batch, self.num_classes, dtype=dtype, device=device)
+        self._compute = {name: getattr(self, name).to(device=device, dtype=dtype) for name in self.per_class_buffers}
 
     def normaliser(self, global_target: Tensor, dtype: torch.dtype) -> Tensor:
         """D: the global batch's summed target weights, or its size. The sum is the second output of
@@ -106,8 +124,9 @@ class LongTailLoss(nn.Module):
         n = global_target.numel()
         if not self.normalise_by_weight:
             return torch.full((), n, dtype=dtype, device=global_target.device)
-        self.reserve(n, dtype, global_target.device)
-        weight = self.class_weights.to(dtype)
+        if self._zeros.shape[0] < n or self._zeros.dtype != dtype or self._zeros.device != global_target.device:
+            self.reserve(n, dtype, global_target.device)
+        weight = self.per_class("class_weights", dtype)
         return torch.ops.aten.nll_loss_forward(self._zeros[:n], global_target, weight, 1, -100)[1]
 
     def terms(self, logits: Tensor, target: Tensor, global_target: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -115,7 +134,8 @@ class LongTailLoss(nn.Module):
         into its head and tail parts)."""
         values = self.per_sample(logits, target)
         total = self.normaliser(target if global_target is None else global_target, values.dtype)
-        return values, self.world_size / total
+        # 1 / D is exactly W / D at W = 1, in one operation instead of two
+        return values, total.reciprocal() if self.world_size == 1 else self.world_size / total
 
     def forward(self, logits: Tensor, target: Tensor, global_target: Tensor | None = None) -> Tensor:
         """This rank's share of the global batch's loss (see the module docstring). ``global_target``:
@@ -218,6 +238,8 @@ class LabelAwareSmoothingLoss(LongTailLoss):
     (:func:`label_aware_smoothing`); MiSLAS takes the batch mean (the ``weight_sum`` normaliser without class
     weights)."""
 
+    per_class_buffers = ("class_weights", "smoothing")
+
     def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
         super().__init__(counts, cfg, world_size)
         self.register_buffer("smoothing", label_aware_smoothing(self.counts_list, cfg.smooth_head, cfg.smooth_tail),
@@ -226,28 +248,36 @@ class LabelAwareSmoothingLoss(LongTailLoss):
     def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
         log_p = F.log_softmax(logits, dim=1)
-        eps = self.smoothing.to(logits.dtype)[target]
+        eps = self.per_class("smoothing", logits.dtype)[target]
         nll = -log_p.gather(1, target[:, None]).squeeze(1)
         return ((1.0 - eps) * nll + eps * -log_p.mean(dim=1)) * weight[target]
 
 
 class LDAMLoss(LongTailLoss):
-    """Subtract the class margin from the target logit only, scale by s, cross-entropy."""
+    """Subtract the class margin from the target logit only, scale by s, cross-entropy. The margin is added,
+    negated, to each row's target logit (``scatter_add``): bit for bit LDAM-DRW's ``torch.where(index, x - m,
+    x)`` (x + (-m) is x - m in IEEE arithmetic), and its backward passes the gradient through unchanged (the
+    ``where`` took five operations)."""
+
+    per_class_buffers = ("class_weights", "negative_margins")
 
     def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
         super().__init__(counts, cfg, world_size)
         self.register_buffer("margins", ldam_margins(self.counts_list, cfg.ldam_max_margin), persistent=False)
+        self.register_buffer("negative_margins", -self.margins, persistent=False)
         self.scale = cfg.ldam_scale
 
     def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
-        is_target = target_mask(target, logits.shape[1])
-        adjusted = torch.where(is_target, logits - self.margins.to(logits.dtype)[None, :], logits)
+        shift = self.per_class("negative_margins", logits.dtype)[target]
+        adjusted = logits.scatter_add(1, target[:, None], shift[:, None])
         return F.cross_entropy(self.scale * adjusted, target, weight=weight, reduction="none")
 
 
 class BalancedSoftmaxLoss(LongTailLoss):
     """Ren et al. 2020: softmax over logits + log n_c (the training class counts)."""
+
+    per_class_buffers = ("class_weights", "log_counts")
 
     def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
         super().__init__(counts, cfg, world_size)
@@ -256,11 +286,14 @@ class BalancedSoftmaxLoss(LongTailLoss):
 
     def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
-        return F.cross_entropy(logits + self.log_counts.to(logits.dtype), target, weight=weight, reduction="none")
+        return F.cross_entropy(logits + self.per_class("log_counts", logits.dtype), target, weight=weight,
+                               reduction="none")
 
 
 class LogitAdjustedLoss(LongTailLoss):
     """Menon et al. 2021: softmax over logits + τ·log π_c, π the empirical class prior."""
+
+    per_class_buffers = ("class_weights", "offsets")
 
     def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
         super().__init__(counts, cfg, world_size)
@@ -270,7 +303,8 @@ class LogitAdjustedLoss(LongTailLoss):
 
     def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
-        return F.cross_entropy(logits + self.offsets.to(logits.dtype), target, weight=weight, reduction="none")
+        return F.cross_entropy(logits + self.per_class("offsets", logits.dtype), target, weight=weight,
+                               reduction="none")
 
 
 LOSSES: dict[str, type[LongTailLoss]] = {

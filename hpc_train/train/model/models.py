@@ -55,7 +55,13 @@ class LongTailNet(nn.Module):
         self.classifier = make_classifier(feature_dim, num_classes, classifier, kaiming=kaiming)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.classifier(self.backbone(x))
+        features = self.backbone(x)
+        if not torch.is_autocast_enabled(features.device.type):
+            return self.classifier(features)
+        # The classifier and the loss in float32 under AMP, as evaluation runs them: a cosine head in bf16 is
+        # off by up to ~0.1 logit once LDAM scales it by 30, against a head-class margin of ~0.16 × 30.
+        with torch.autocast(device_type=features.device.type, enabled=False):
+            return self.classifier(features.float())
 
 
 def make_classifier(feature_dim: int, num_classes: int, kind: str, *, kaiming: bool = False) -> nn.Module:

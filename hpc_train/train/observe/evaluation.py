@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -38,6 +39,8 @@ from ..model.losses import log_prior, posthoc_adjust, target_mask
 from ..model.models import LongTailNet
 from ..model.two_stage import TAU_GRID, backbone_buffers, snapshot, tau_heads
 from .metrics import ECE_BINS, expected_calibration_error, summarize
+from .overlap import Background, Result, Snapshot
+from .report import RunClock
 from .tensorboard import write_metrics
 
 log = logging.getLogger("hpc_train.train")
@@ -47,13 +50,32 @@ Counts = tuple[list[int], list[int]]
 """Per-class (correct, count)."""
 
 
+@dataclass
+class Launched:
+    """An evaluation under way: its result on its way to the host, which heads of which split it holds."""
+
+    result: Result
+    heads: dict[str, list[str]]
+    calibrate: str | None
+
+
+@dataclass
+class Pending:
+    """An epoch's evaluation started in the background (:meth:`Evaluator.begin`): the snapshot it evaluates (the
+    weights of that epoch: what a best held-out snapshot saves) and what its record will say."""
+
+    launched: Launched
+    model: LongTailNet
+    meta: dict[str, Any]
+
+
 class Evaluator:
     """Evaluates the trainer's model and keeps the run's last, best (held-out) and best-on-test records."""
 
     def __init__(self, model: LongTailNet, feed: Feed, *, num_classes: int, batch_size: int, distributed: bool,
                  autocast: Callable[[], contextlib.AbstractContextManager], train_counts: list[int],
                  posthoc_tau: float | None, run_dir: Path, is_main: bool, tensorboard: bool = False,
-                 logit_scale: float = 1.0) -> None:
+                 logit_scale: float = 1.0, clock: RunClock | None = None) -> None:
         self.model, self.feed, self.num_classes, self.batch_size = model, feed, num_classes, batch_size
         self.distributed, self.autocast, self.counts = distributed, autocast, train_counts
         self.posthoc_tau, self.run_dir, self.is_main = posthoc_tau, run_dir, is_main
@@ -76,6 +98,12 @@ class Evaluator:
         """The last evaluation improved :attr:`best_main` (the trainer then writes the snapshot)."""
         self.images = 0
         """Images evaluated in this process, all ranks together (the end-of-run figure)."""
+        self.clock = clock
+        """Times each evaluation's span where it runs (its stream on a GPU)."""
+        self.snapshot = Snapshot()
+        self.background = Background(feed.device, overlap=not distributed)
+        """Where evaluations run (a stream of their own on one GPU) and how their results come back
+        (:mod:`.overlap`)."""
 
     # ------------------------------------------------------------------------------------------------
     # Counting
@@ -90,19 +118,18 @@ class Evaluator:
             yield from self.feed.eval_batches(split, self.batch_size)
 
     @torch.no_grad()
-    def evaluate(self, requests: dict[str, dict[str, Head]],
-                 calibrate: str | None = None) -> dict[str, dict[str, Counts]]:
-        """Per-class counts of every head of every split (``{split: {head: (correct, count)}}``), summed
-        over ranks; one host read for all of them. ``calibrate``: a split whose ``plain`` head's calibration
-        error goes in as ``{"ece": value}`` of that split."""
-        model = self.model
-        if self.distributed:
-            broadcast_buffers(model)  # every rank evaluates the model rank 0 saves
+    def _count(self, requests: dict[str, dict[str, Head]], model: LongTailNet,
+               calibrate: str | None) -> list[Tensor]:
+        """The device side of an evaluation: per-head ``[correct, count]`` per class of every split and the
+        calibration bins, summed over ranks (device tensors; nothing read back)."""
         was_training = model.training
         model.eval()
         tables = []
         bins = torch.zeros(2, ECE_BINS, dtype=torch.int64, device=self.feed.device)  # [count, correct] per bin
         confidence = torch.zeros(ECE_BINS, dtype=torch.float64, device=self.feed.device)
+        images = 0
+        if self.clock is not None:
+            self.clock.start("eval")  # on the stream the work runs on
         for split, heads in requests.items():
             table = torch.zeros(len(heads), 2, self.num_classes, dtype=torch.int64, device=self.feed.device)
             for x, y in self._batches(split):
@@ -119,7 +146,7 @@ class Evaluator:
                     if split == calibrate and name == "plain":
                         self._calibration(logits, hits, bins, confidence)
             tables.append(table)
-            self.images += len(getattr(self.feed.data, split))  # all ranks' shards together
+            images += len(getattr(self.feed.data, split))  # all ranks' shards together
         everything = torch.cat(tables)
         if self.distributed:
             dist.all_reduce(everything, op=dist.ReduceOp.SUM)
@@ -127,15 +154,42 @@ class Evaluator:
                 dist.all_reduce(bins, op=dist.ReduceOp.SUM)
                 dist.all_reduce(confidence, op=dist.ReduceOp.SUM)
         model.train(was_training)
-        values = everything.cpu().tolist()  # the one host read of this evaluation (and the bins, below)
+        self.images += images
+        if self.clock is not None:
+            self.clock.stop("eval", images)
+        return [everything, bins, confidence]
+
+    def launch(self, requests: dict[str, dict[str, Head]], calibrate: str | None = None,
+               model: LongTailNet | None = None) -> Launched:
+        """Start an evaluation of ``model`` (the trainer's own, its buffers first taken from rank 0, unless given:
+        the background snapshot) through :attr:`background`; :meth:`collect` reads it."""
+        if model is None:
+            model = self.model
+            if self.distributed:
+                broadcast_buffers(model)  # every rank evaluates the model rank 0 saves
+        result = self.background.submit(lambda: self._count(requests, model, calibrate))
+        return Launched(result, {split: list(heads) for split, heads in requests.items()}, calibrate)
+
+    def collect(self, launched: Launched) -> dict[str, dict[str, Counts]]:
+        """Per-class counts of every head of every split (``{split: {head: (correct, count)}}``) of a launched
+        evaluation: the one host read of it (waiting only if its copy has not landed yet)."""
+        everything, bins, confidence = launched.result.get()
+        values = everything.tolist()
         out, row = {}, 0
-        for split, heads in requests.items():
+        for split, heads in launched.heads.items():
             out[split] = {name: (values[row + i][0], values[row + i][1]) for i, name in enumerate(heads)}
             row += len(heads)
-        if calibrate is not None:
-            count, correct = bins.cpu().tolist()
-            out[calibrate]["ece"] = expected_calibration_error(count, correct, confidence.cpu().tolist())
+        if launched.calibrate is not None:
+            count, correct = bins.tolist()
+            out[launched.calibrate]["ece"] = expected_calibration_error(count, correct, confidence.tolist())
         return out
+
+    def evaluate(self, requests: dict[str, dict[str, Head]],
+                 calibrate: str | None = None) -> dict[str, dict[str, Counts]]:
+        """Per-class counts of every head of every split of the trainer's model, now (:meth:`launch` and
+        :meth:`collect`), summed over ranks; one host read for all of them. ``calibrate``: a split whose ``plain``
+        head's calibration error goes in as ``{"ece": value}`` of that split."""
+        return self.collect(self.launch(requests, calibrate))
 
     def _calibration(self, logits: Tensor, hits: Tensor, bins: Tensor, confidence: Tensor) -> None:
         count, correct, summed = calibration_bins(logits, hits, self._ece_edges, self.logit_scale)
@@ -143,8 +197,8 @@ class Evaluator:
         bins[1] += correct
         confidence += summed
 
-    def heads(self) -> dict[str, Head]:
-        classifier = self.model.classifier
+    def heads(self, model: LongTailNet | None = None) -> dict[str, Head]:
+        classifier = (model or self.model).classifier
         heads: dict[str, Head] = {"plain": lambda f: classifier(f.to(classifier.weight.dtype))}
         tau, prior = self.posthoc_tau, self._log_prior
         if tau is not None and prior is not None:
@@ -160,21 +214,32 @@ class Evaluator:
         return {"epoch": epoch, "global_step": global_step, "phase": phase, "split": "test",
                 **extra, **summary, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
-    def evaluate_and_record(self, *, epoch: int, total_epochs: int, global_step: int, phase: str,
-                            has_val: bool) -> dict[str, Any]:
-        """Test metrics (with the calibration error) every evaluation; with a held-out split also its metrics,
-        and the best evaluation is the one with the best held-out balanced accuracy (classifier-balancing
-        selects on val and reports test there; on a long-tailed held-out split balanced accuracy estimates
-        the balanced test top-1 better). The best test top-1 is kept as ``best_on_test``."""
-        heads = self.heads()
+    def begin(self, *, epoch: int, total_epochs: int, global_step: int, phase: str, has_val: bool) -> Pending:
+        """Start the evaluation of this epoch in the background (:mod:`.overlap`): the model's weights and buffers
+        copied into the snapshot, which is evaluated while training goes on; :meth:`finish` records it."""
+        if self.distributed:
+            broadcast_buffers(self.model)  # every rank evaluates (and saves) the model rank 0 saves
+        self.background.before_writing()  # the previous evaluation has read the snapshot
+        model = self.snapshot.refresh(self.model)
+        heads = self.heads(model)
         requests = {"test": heads, **({"val": {"plain": heads["plain"]}} if has_val else {})}
-        results = self.evaluate(requests, calibrate="test")
-        record = self.record(summarize(*results["test"]["plain"], self.counts), epoch=epoch, global_step=global_step,
-                             phase=phase)
+        return Pending(self.launch(requests, calibrate="test", model=model), model,
+                       dict(epoch=epoch, total_epochs=total_epochs, global_step=global_step, phase=phase))
+
+    def finish(self, pending: Pending) -> dict[str, Any]:
+        """Record an evaluation :meth:`begin` started. Test metrics (with the calibration error) every evaluation;
+        with a held-out split also its metrics, and the best evaluation is the one with the best held-out
+        balanced accuracy (classifier-balancing selects on val and reports test there; on a long-tailed held-out
+        split balanced accuracy estimates the balanced test top-1 better). The best test top-1 is kept as
+        ``best_on_test``."""
+        results = self.collect(pending.launched)
+        epoch, total_epochs, phase = pending.meta["epoch"], pending.meta["total_epochs"], pending.meta["phase"]
+        record = self.record(summarize(*results["test"]["plain"], self.counts), epoch=epoch,
+                             global_step=pending.meta["global_step"], phase=phase)
         record["ece"] = results["test"]["ece"]
         if "posthoc" in results["test"]:
             record["posthoc"] = {"tau": self.posthoc_tau, **summarize(*results["test"]["posthoc"], self.counts)}
-        if has_val:
+        if "val" in results:
             held_out = summarize(*results["val"]["plain"], self.counts)
             record["val"] = {k: held_out[k] for k in ("top1", "balanced", "many", "medium", "few")}
         self._choose(record, phase)
@@ -187,6 +252,12 @@ class Evaluator:
                      total_epochs, phase, 100 * record["top1"], 100 * record["balanced"], _fmt(record["many"]),
                      _fmt(record["medium"]), _fmt(record["few"]), _fmt(record["ece"]), chosen)
         return record
+
+    def evaluate_and_record(self, *, epoch: int, total_epochs: int, global_step: int, phase: str,
+                            has_val: bool) -> dict[str, Any]:
+        """:meth:`begin` and :meth:`finish` at once (the record now)."""
+        return self.finish(self.begin(epoch=epoch, total_epochs=total_epochs, global_step=global_step, phase=phase,
+                                      has_val=has_val))
 
     def _choose(self, record: dict[str, Any], phase: str) -> None:
         """Last, best on the held-out split (and among stage 1's), best on test."""

@@ -1,20 +1,25 @@
 """What a run reports: progress lines read without waiting for the GPU, the time it took, the summary.
 
-* :class:`Progress`: every ``log_every_steps`` the step's loss and the non-finite flag are copied to
+* :class:`Progress`: every ``log_every_steps`` the step's loss and the non-finite marker are copied to
   (pinned) host memory without blocking, behind the step that produced them; the line is printed as
-  soon as the copy has landed — at a later step, or at the end of the epoch, which waits for it. A
-  non-finite loss seen there is raised as :class:`NonFiniteLoss` by the trainer, on every rank at once.
+  soon as the copy has landed — at a later step, or at an epoch's end, which waits only for what the
+  epochs before it recorded (one epoch behind: the GPU is long past them). A non-finite loss seen there
+  is raised as :class:`NonFiniteLoss` by the trainer, on every rank at once.
 * :class:`RunClock`: time spent training and evaluating, from CUDA events on the GPU (read once at the
   end, no synchronisation on the way) or the host clock on the CPU.
 * :func:`finish`: the end-of-run line of rank 0 — ``200 epochs in S s (train I img/s, eval E img/s,
-  set-up U s)`` — the table, ``summary.json`` (with the same figures under ``timing``) and the plot.
+  set-up U s)`` — the table, ``summary.json`` (with the same figures under ``timing``) and the plot, drawn in
+  the background after all that (matplotlib imported while training ran: :func:`prepare_pictures`), waited
+  for before the rank leaves (:func:`wait_for_pictures`).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +62,8 @@ class _Pending:
     text: str | None
     """The line with ``{loss}`` still to fill in (None: a check of the flag only)."""
     where: str
+    epoch: int
+    """The epoch it was recorded in (:meth:`Progress.begin_epoch` counts them)."""
 
 
 class Progress:
@@ -67,6 +74,7 @@ class Progress:
         self._pending: list[_Pending] = []
         self.nonfinite_at: str | None = None
         """Where a non-finite loss was first seen (epoch and step), once a read has shown it."""
+        self._epoch = 0
         self.start(0)
 
     def start(self, global_step: int) -> None:
@@ -87,7 +95,12 @@ class Progress:
                 f"img/s {images_per_s:.0f} eta {eta_s // 3600}:{eta_s // 60 % 60:02d}:{eta_s % 60:02d}")
         self.record(state.loss, state.nonfinite, text, f"epoch {epoch + 1} step {step} (global step {global_step})")
 
+    def begin_epoch(self) -> None:
+        """An epoch starts: what is recorded from now on is this epoch's (:meth:`flush` ``behind``)."""
+        self._epoch += 1
+
     def record(self, loss: torch.Tensor, nonfinite: torch.Tensor, text: str | None, where: str) -> None:
+        """``nonfinite``: the step state's marker (0, or NaN since a non-finite loss; a bool works too)."""
         values = torch.stack([loss.detach().float(), nonfinite.float()])
         event = None
         if self.device.type == "cuda":
@@ -96,20 +109,21 @@ class Progress:
             event = torch.cuda.Event()
             event.record()
             values = host
-        self._pending.append(_Pending(values, event, text, where))
+        self._pending.append(_Pending(values, event, text, where, self._epoch))
         self.flush(wait=False)
 
-    def flush(self, *, wait: bool) -> None:
-        """Print the lines whose values have arrived (all of them, waiting, when ``wait``)."""
+    def flush(self, *, wait: bool, behind: bool = False) -> None:
+        """Print the lines whose values have arrived (all of them, waiting, when ``wait``; with ``behind``, waiting
+        only for those of the epochs before this one)."""
         while self._pending:
             first = self._pending[0]
             if first.event is not None and not first.event.query():
-                if not wait:
+                if not wait or (behind and first.epoch >= self._epoch):
                     return
                 first.event.synchronize()
             self._pending.pop(0)
             loss, bad = first.values.tolist()
-            if bad and self.nonfinite_at is None:
+            if bad != 0 and self.nonfinite_at is None:  # NaN (or True): a non-finite loss
                 self.nonfinite_at = first.where
             if self.printing and first.text is not None:
                 log.info(first.text.format(loss=loss))
@@ -216,10 +230,47 @@ def finish(*, run_dir: Path, data_name: str, num_classes: int, total_epochs: int
                         "images\n" + format_table(rows, counts))
     print("\n" + summary["table"], flush=True)
     print(summary["end_line"], flush=True)
+    (run_dir / rundir.SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     final = tau_record or last
     if final is not None:
         which = f"tau-normalised (tau {final['tau']:.1f})" if tau_record else f"last epoch ({final['epoch']})"
-        plot_per_class(run_dir / "per_class_accuracy.png", final["per_class"], counts,
-                       f"{data_name}: per-class test accuracy, {which}, {final['phase']} phase")
-    (run_dir / rundir.SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        _in_background(lambda: plot_per_class(run_dir / "per_class_accuracy.png", final["per_class"], counts,
+                                              f"{data_name}: per-class test accuracy, {which}, {final['phase']} phase"))
     return summary
+
+
+# --------------------------------------------------------------------------------------------------
+# The picture, off the critical path
+# --------------------------------------------------------------------------------------------------
+
+_pictures: list[threading.Thread] = []
+
+
+def _in_background(draw: Any) -> None:
+    if not _pictures:
+        atexit.register(wait_for_pictures)  # never cut short by the interpreter's exit (a test's process)
+    thread = threading.Thread(target=draw, name="hpc-train-picture", daemon=True)
+    thread.start()
+    _pictures.append(thread)
+
+
+def prepare_pictures() -> None:
+    """Import matplotlib in the background while training runs (about a second of the end of a run otherwise;
+    the Agg backend, as :mod:`hpc_train.runs.plots` uses it)."""
+    def load() -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+        except ImportError:  # no picture then (plot_per_class says so)
+            pass
+
+    _in_background(load)
+
+
+def wait_for_pictures(timeout_s: float = 120.0) -> None:
+    """Until the per-class picture is written (the rank's last act before it leaves: after the end line and
+    ``summary.json``)."""
+    while _pictures:
+        _pictures.pop(0).join(timeout_s)
