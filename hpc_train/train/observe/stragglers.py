@@ -51,6 +51,12 @@ class ComputeTimes:
         ddp.module.register_forward_pre_hook(self._begin)
         ddp.register_comm_hook(self, _timed_allreduce)
 
+    def __deepcopy__(self, memo: dict) -> ComputeTimes:
+        # The model's forward pre-hook holds this object; a copy of the model (the background evaluation's
+        # snapshot, observe/overlap.py) shares it instead of copying its process group, which cannot be copied.
+        # The copy runs in evaluation mode, where the hook does nothing.
+        return self
+
     def _begin(self, module: nn.Module, _args: Any) -> None:
         if not module.training:
             return
