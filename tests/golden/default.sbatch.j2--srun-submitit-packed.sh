@@ -71,7 +71,7 @@ for slot in $(seq 0 $(( 2 - 1 ))); do
     mkdir -p "$RUN_DIR/logs"
     case "$point" in
         0)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_1FB7AC8D5275'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_BD32088757C0'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -127,6 +127,7 @@ train:
   tf32: true
   amp: 'off'
   channels_last: false
+  amp_weight_copy: true
   compile: false
   compile_cache_dir: null
   cuda_graphs: auto
@@ -229,10 +230,10 @@ train:
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_1FB7AC8D5275
+HPC_TRAIN_JOB_BD32088757C0
             ;;
         1)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_1FB7AC8D5275'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_BD32088757C0'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -288,6 +289,7 @@ train:
   tf32: true
   amp: 'off'
   channels_last: false
+  amp_weight_copy: true
   compile: false
   compile_cache_dir: null
   cuda_graphs: auto
@@ -390,10 +392,10 @@ train:
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_1FB7AC8D5275
+HPC_TRAIN_JOB_BD32088757C0
             ;;
         2)
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_1FB7AC8D5275'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_BD32088757C0'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -449,6 +451,7 @@ train:
   tf32: true
   amp: 'off'
   channels_last: false
+  amp_weight_copy: true
   compile: false
   compile_cache_dir: null
   cuda_graphs: auto
@@ -551,7 +554,7 @@ train:
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_1FB7AC8D5275
+HPC_TRAIN_JOB_BD32088757C0
             ;;
     esac
     run_dirs+=("$RUN_DIR")

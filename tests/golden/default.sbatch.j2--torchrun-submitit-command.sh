@@ -74,7 +74,7 @@ run_event() {  # run_event EVENT [EXIT_CODE]
 }
 run_event running
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_4D6ED3A0FD16'
+cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_74BF61F6AD0E'
 name: cifar100-lt
 runs_dir: runs
 slurm:
@@ -130,6 +130,7 @@ train:
   tf32: true
   amp: 'off'
   channels_last: false
+  amp_weight_copy: true
   compile: false
   compile_cache_dir: null
   cuda_graphs: auto
@@ -238,7 +239,7 @@ command:
 - '0.1'
 - $(touch /tmp/pwned)
 - it's
-HPC_TRAIN_JOB_4D6ED3A0FD16
+HPC_TRAIN_JOB_74BF61F6AD0E
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then
