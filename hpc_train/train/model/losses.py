@@ -154,16 +154,21 @@ class CrossEntropy(LongTailLoss):
         return F.cross_entropy(logits, target, weight=weight, label_smoothing=self.label_smoothing, reduction="none")
 
 
-class FocalLoss(LongTailLoss):
-    """Lin et al. 2017, per sample: w_y · (1 - p_y)^γ · (-log p_y), averaged over the batch. p_y comes
-    from the unweighted softmax (LDAM-DRW derives it from the weighted CE, which mixes the weight into
-    the focusing term)."""
+class _Focusing(LongTailLoss):
+    """The focal losses' shared part: the focusing exponent γ (``train.loss.focal_gamma``), averaged over the
+    batch (their references divide by the batch size, not by the summed class weights)."""
 
     batch_mean = True
 
     def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
         super().__init__(counts, cfg, world_size)
         self.gamma = cfg.focal_gamma
+
+
+class FocalLoss(_Focusing):
+    """Lin et al. 2017, per sample: w_y · (1 - p_y)^γ · (-log p_y), averaged over the batch. p_y comes
+    from the unweighted softmax (LDAM-DRW derives it from the weighted CE, which mixes the weight into
+    the focusing term)."""
 
     def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
@@ -171,19 +176,13 @@ class FocalLoss(LongTailLoss):
         return (1.0 - torch.exp(-ce)).pow(self.gamma) * ce * weight[target]
 
 
-class SigmoidFocalLoss(LongTailLoss):
+class SigmoidFocalLoss(_Focusing):
     """Cui et al. 2019 (richardaecn/class-balanced-loss ``src/cifar_main.py``, ``focal_loss``): per class a
     sigmoid binary cross-entropy against the one-hot target, times the focusing term (1 - p_t)^γ written as
     exp(-γ·t·z - γ·log(1 + e^-z)) (t the one-hot label, z the logit; softplus keeps it finite for large |z|),
     summed over the classes, weighted by the class weight of the sample's target, divided by the number of
     labels — the batch size. γ = 0 is their sigmoid loss; with ``reweight: class_balanced`` their CB focal
     loss. (Their last layer starts with bias -log(C - 1): :func:`~.models.init_model`.)"""
-
-    batch_mean = True
-
-    def __init__(self, counts: Sequence[int], cfg: LossConfig, world_size: int = 1) -> None:
-        super().__init__(counts, cfg, world_size)
-        self.gamma = cfg.focal_gamma
 
     def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
         logits, weight = self._prepare(logits)
