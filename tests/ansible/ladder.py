@@ -102,11 +102,14 @@ def static(ladder: Ladder, venv: Path, label: str) -> None:
 # ------------------------------------------------------------------------------------------------ unit
 
 
-def unit(ladder: Ladder, venv: Path) -> None:
+def unit(ladder: Ladder, venv: Path, core_216: Path) -> None:
+    """pytest with the current core; test_target_python.py runs the roles' modules on Python 2.7/3.6 through core_216's
+    ansible-playbook (2.19 no longer targets them)."""
     junit = WORK / "unit-junit.xml"
     junit.unlink(missing_ok=True)
     result = run([str(venv / "bin" / "python"), "-m", "pytest", "-c", str(HERE / "pytest.ini"), "-q", f"--junitxml={junit}",
-                  "test_templates.py", "test_role_rules.py", "test_provision.py", "test_driver_facts.py", "test_slurm_conf_filters.py", "test_cuda_context.py"], ansible_env(venv), WORK / "logs" / "unit.log")
+                  "test_templates.py", "test_role_rules.py", "test_provision.py", "test_driver_facts.py", "test_slurm_conf_filters.py", "test_cuda_context.py", "test_target_python.py"],
+                 ansible_env(venv, HPC_TRAIN_CORE_216=str(core_216)), WORK / "logs" / "unit.log")
     if not junit.exists():
         ladder.check("unit/pytest ran", False, tail(result.stdout + result.stderr))
         return
@@ -229,7 +232,7 @@ def main() -> int:
                 static(ladder, venv_216, label_216)
         if "unit" in wanted:
             with ladder.rung("unit"):
-                unit(ladder, args.core_current)
+                unit(ladder, args.core_current, args.core_216)
         for label, venv in venvs.items():
             if "check" in wanted:
                 with ladder.rung(f"check[{label}]"):
