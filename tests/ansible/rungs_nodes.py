@@ -39,7 +39,7 @@ def gpu_validate(ladder, venv: Path) -> None:
     lib.rpm_install(node["root"], sorted(cuda.glob(f"kmod-nvidia-open-dkms-{version}-*.rpm")) + sorted(cuda.glob(f"nvidia-kmod-common-{version}-*.rpm")))
 
     # Runs that check the GPU count run gpu_preflight (it counts the GPUs on the PCI bus); the others only gpu_validate.
-    def play(label: str, gpus: int = 8, driver: str | None = version, tags: str = "preflight,validate") -> tuple[subprocess.CompletedProcess, list[dict]]:
+    def play(label: str, gpus: int = 8, driver: str | None = version, tags: str = "preflight,validate", *extra: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
         if driver is None:
             loaded.unlink(missing_ok=True)
         else:
@@ -49,8 +49,15 @@ def gpu_validate(ladder, venv: Path) -> None:
         env = lib.with_stand_ins(lib.ansible_env(venv, record, HPC_TRAIN_FAKE_GPU=str(gpu_state)), "fake_gpu")
         result = lib.run([str(venv / "bin" / "ansible-playbook"), "-i", str(lib.EXAMPLE), "-i", str(lib.HERE / "inventories" / "validate" / "hosts.yml"),
                           "--limit", "validate-node", "--tags", tags, "--skip-tags", "packages", "-e", f"fixtures_dir={lib.HERE / 'fixtures'}",
-                          "-e", f"node_dir={node_dir}", "validate_node.yml"], env, lib.WORK / "logs" / f"gpu-validate-{label}.log")
+                          "-e", f"node_dir={node_dir}", *extra, "validate_node.yml"], env, lib.WORK / "logs" / f"gpu-validate-{label}.log")
         return result, lib.read_records(record)
+
+    # The inventories ask for 0.1 GB free (stand-in packages); a node short of the role's figure is refused before anything.
+    result, records = play("0-disk-short", 8, version, "preflight", "-e", "gpu_preflight_min_free_gb=1000000")
+    failure = lib.first_failure(records, "validate-node") or {}
+    ladder.check("gpu_preflight/a filesystem with less free space than gpu_preflight_min_free_gb is refused, naming both figures",
+                 result.returncode != 0 and failure.get("msg", "").startswith("gpu_preflight: only ")
+                 and "need about 1000000 GB" in failure.get("msg", ""), failure.get("msg", "") or lib.tail(result.stdout))
 
     result, records = play("1-dkms-build-failed", driver=None, tags="validate")
     failure = lib.first_failure(records, "validate-node") or {}
