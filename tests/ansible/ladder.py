@@ -8,6 +8,7 @@ Rungs, each printed with its wall time:
   converge          image_build.yml with dnf into an EL9 image root from fake repositories (rungs_packages.py):
                     converge, idempotence, verify (incl. the module built for the image's kernel), flavour switch
   missing_branch    refusals on a fresh root: a branch the mirror lacks, a kernel whose kernel-devel it lacks
+  nccl_pin          an NCCL pin change on a root whose dnf honours the versionlock list (the old lock must not block it)
   live_change       the driver lifecycle on a live node (rungs_live.py): drain, change, reboot through Slurm, check,
                     resume; rollback 570 -> 550; unknown NodeName; kernel update; failed fabric manager
   gpu_validate      validate.yml against a stand-in nvidia-smi (rungs_nodes.py)
@@ -251,7 +252,7 @@ def main() -> int:
         if "static" in wanted:
             with ladder.rung(f"static[{label_current}]"):
                 static(ladder, venv_current, label_current)
-        steps = [("converge", "missing_branch", rungs_packages.missing_branch),
+        steps = [("converge", "missing_branch", rungs_packages.missing_branch), ("converge", "nccl_pin", rungs_packages.nccl_pin_change),
                  ("gpu_validate", "gpu_validate", rungs_nodes.gpu_validate), ("pytorch_env", "pytorch_env", rungs_nodes.pytorch_env)]
         for rung, name, function in steps:
             if rung in wanted:

@@ -177,3 +177,29 @@ def missing_branch(ladder, venv: Path) -> None:
                  failure.get("msg", ""))
     ladder.check("negative/missing branch: no driver package installed",
                  not any(p.startswith(("nvidia-", "kmod-nvidia")) for p in lib.rpm_packages(fresh["root"])))
+
+
+def nccl_pin_change(ladder, venv: Path) -> None:
+    """A pin change of NCCL (a new CUDA brings a new build) on a node whose dnf honours the versionlock list, as a live
+    node's does: the lock of the old pin must not hide the new build, and the lock follows the pin."""
+    repos = lib.ensure_repos("repos")
+    node = lib.make_image_root("nccl-pin", repos, lock_active=True)
+    # The CUDA repository as the driver role configures it (only the nccl role runs here).
+    (node["root"] / "etc" / "yum.repos.d" / "cuda.repo").write_text(
+        f"[cuda]\nname=CUDA (fake)\nbaseurl=file://{repos}/cuda/\nenabled=1\ngpgcheck=0\n")
+    pins = ["--tags", "nccl", "-e", "gpu_stack_nccl_enabled=true"]
+    result, records = converge_run(venv, node, repos, "nccl-1-pinned", *pins)
+    old = f"libnccl-{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}"
+    ladder.check("nccl/installed at its pin and locked there", result.returncode == 0 and old in lib.rpm_packages(node["root"])
+                 and f"libnccl-0:{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}.*" in lib.lock_block(node["root"], "nccl"),
+                 lib.tail(result.stdout, 12))
+    version, release = fake_repos.NEWER_NCCL
+    cuda = release.split("+cuda")[1]
+    result, records = converge_run(venv, node, repos, "nccl-2-pin-changed", *pins, "-e", f"gpu_stack_nccl_version={version}-1",
+                                   "-e", f"nccl_cuda_version={cuda}")
+    packages = lib.rpm_packages(node["root"])
+    ladder.check("nccl/a new pin (NCCL for a newer CUDA) installs past the old pin's lock, and the lock follows it",
+                 result.returncode == 0 and f"libnccl-{version}-{release}" in packages and old not in packages
+                 and lib.lock_block(node["root"], "nccl") == [f"libnccl-0:{version}-{release}.*", f"libnccl-devel-0:{version}-{release}.*"],
+                 f"rc={result.returncode} lock={lib.lock_block(node['root'], 'nccl')}\n"
+                 f"{(lib.first_failure(records, 'el9-image') or {}).get('msg', '')}\n{lib.tail(result.stdout, 12)}")
