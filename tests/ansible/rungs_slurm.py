@@ -96,13 +96,17 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
     for host in NODES:
         cluster.fake_gpus(host)
     site = cluster.site_slurm_conf()
-    # Check mode on the controller and the GPU nodes (the login host takes the GPU nodes' path, see play 3).
-    result, records = play(cluster, venv, "1-classic-check-mode", "--check", "--diff", limit="slurmctl,gpu01,gpu02")
-    ladder.check("real_slurm/classic, check mode: runs, writes nothing, restarts nothing",
+    # Check mode on the controller and the GPU nodes (the login host takes the GPU nodes' path, see play 3), with DCGM
+    # on and the driver loaded: DCGM is not installed in check mode, so there is no unit to start.
+    result, records = play(cluster, venv, "1-classic-check-mode", "--check", "--diff", "-e", "gpu_health_dcgm=true",
+                           "-e", f"gpu_health_driver_version_file={cluster.base / 'driver-gpu01'}", limit="slurmctl,gpu01,gpu02")
+    ladder.check("real_slurm/classic, check mode (DCGM on, not installed yet): runs, writes nothing, restarts nothing",
                  result.returncode == 0 and all(conf_lines(cluster, h) == site.splitlines() for h in CLASSIC)
                  and all(c["argv"][:1] == ["is-active"] for c in cluster.calls())
                  and not (cluster.root("gpu01") / "etc" / "slurm" / "gres.conf").exists(),
                  f"rc={result.returncode} calls={cluster.calls()}\n{lib.tail(result.stdout)}")
+
+    limited_canary(ladder, venv, cluster, site)
 
     result, records = play(cluster, venv, "2-classic")
     ladder.check("real_slurm/classic: site.yml --tags slurm succeeds on the controller, both GPU nodes and the login host",
@@ -151,13 +155,35 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
                  job.returncode != 0 and "gres" in job.stderr.lower(), f"rc={job.returncode} {job.stderr.strip()}")
 
 
+def limited_canary(ladder, venv: Path, cluster: RealSlurm, site: str) -> None:
+    """site.yml --limit gpu01,login01 before anything else ran (the documented canary, with a login host): the other
+    GPU node has no facts, so no host can get the NodeName file. gpu01's slurm.conf runs the site's NHC."""
+    nhc = site + "HealthCheckProgram=/usr/sbin/nhc\nHealthCheckInterval=600\n"
+    (cluster.root("gpu01") / "etc" / "slurm" / "slurm.conf").write_text(nhc)
+    result, records = play(cluster, venv, "1b-classic-limited", limit="gpu01,login01")
+    msg = failures(records).get("gpu01", "")
+    ladder.check("real_slurm/classic: a slurm.conf that runs the site's own HealthCheckProgram (NHC) is refused, nothing changed",
+                 msg.startswith("slurm_gpu_node: /etc/slurm/slurm.conf on gpu01 already runs HealthCheckProgram=/usr/sbin/nhc, and "
+                                "slurmd runs only one; nothing was changed.") and "slurm_gpu_node_health_check_site_program=keep" in msg
+                 and conf_lines(cluster, "gpu01") == nhc.splitlines(), msg or lib.tail(result.stdout))
+    ping = cluster.in_host("login01", "scontrol", "ping")
+    lines = conf_lines(cluster, "login01")
+    ladder.check("real_slurm/classic, --limit without the other GPU nodes: no Include of a NodeName file that is not there, so "
+                 "Slurm's commands on the login host still read its slurm.conf",
+                 not any(line.startswith("Include") for line in lines) and "GresTypes=bandwidth,gpu" in lines
+                 and "Unable to process configuration file" not in ping.stderr and "Slurmctld" in ping.stdout,
+                 f"{lines[-6:]}\n{ping.stdout}{ping.stderr}")
+    (cluster.root("gpu01") / "etc" / "slurm" / "slurm.conf").write_text(site)
+
+
 def health(ladder, cluster: RealSlurm) -> None:
     """gpu_health's check, run by the real slurmd every 2 s (HealthCheckProgram), against each node's stand-in GPUs."""
     cluster.fake_gpus("gpu01", gpus=3)
     cluster.fake_gpus("gpu02", gpu_fields={"1": {"ecc.errors.uncorrected.volatile.total": "2"}})
     drained = lambda nodes, name: "DRAIN" in nodes.get(name, {}).get("State", "") and nodes[name].get("Reason", "").startswith("gpu_health:")  # noqa: E731
     nodes = cluster.wait("drains", lambda: (lambda n: drained(n, "gpu01") and drained(n, "gpu-b02") and n)(cluster.nodes()), 20) or cluster.nodes()
-    ladder.check("real_slurm/gpu_health: slurmd's health check drains a node that lost a GPU and one with an ECC error, saying why",
+    ladder.check("real_slurm/gpu_health: slurmd's health check drains a node that lost a GPU (Slurm's Gres says 4, not the 8 "
+                 "it was deployed with) and one with an ECC error, saying why",
                  nodes.get("gpu01", {}).get("Reason") == "gpu_health: 3 of 4 GPUs answer"
                  and nodes.get("gpu-b02", {}).get("Reason") == "gpu_health: GPU 1 has 2 uncorrected ECC error(s)",
                  json.dumps({n: {k: v.get(k) for k in ("State", "Reason")} for n, v in nodes.items()}) + "\n" + cluster.logs(5))
