@@ -347,14 +347,16 @@ def rollout_stops(ladder, node, slurm: dict) -> None:
                  not any(r["host"] == "el9-image-b" and r["task"].startswith("nvidia_driver") for r in records),
                  str(sorted({r["task"] for r in records if r["host"] == "el9-image-b"})[:8]))
 
-    # 11. Its reboot handed to Slurm: scontrol reboot ASAP nextstate=RESUME, no drain wait; Slurm reboots the idle node
-    #     and returns it to service (the gpu_health check, set here, guards the boot).
+    # 11. Its reboot handed to Slurm: scontrol reboot ASAP nextstate=DOWN, no drain wait; Slurm reboots the idle node,
+    #     which comes back DOWN with gpu_health's reboot reason (the real_slurm rung shows gpu_health resuming it).
     result, records, slurm = play("11-reboot-asap-resume", {"node": slurm["node"]}, *rollback_pins, "-e", "gpu_stack_driver_flavor=proprietary",
                                   "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm_asap",
                                   "-e", "gpu_stack_health_check_program=/usr/libexec/hpc-train/gpu-health-check")
     reboots = [c["argv"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "reboot"]]
-    ladder.check("live/reboot_method slurm_asap: one scontrol reboot ASAP nextstate=RESUME, no job wait, Slurm resumes the node",
-                 result.returncode == 0 and reboots == [["scontrol", "reboot", "ASAP", "nextstate=RESUME",
-                                                         f"reason=hpc-train: reboot into NVIDIA driver {rollback}", "gpu-a01"]]
-                 and call_times(slurm, "squeue") == [] and slurm["node"]["state"] == "IDLE",
+    ladder.check("live/reboot_method slurm_asap: one scontrol reboot ASAP nextstate=DOWN with gpu_health's reboot reason, no job wait; "
+                 "the node comes back DOWN (never in service unchecked)",
+                 result.returncode == 0 and reboots == [["scontrol", "reboot", "ASAP", "nextstate=DOWN",
+                                                         f"reason={lib.GPU_HEALTH_REBOOT_REASON} into NVIDIA driver {rollback}", "gpu-a01"]]
+                 and call_times(slurm, "squeue") == [] and slurm["node"]["state"] == "DOWN"
+                 and slurm["node"]["reason"].startswith(lib.GPU_HEALTH_REBOOT_REASON),
                  f"rc={result.returncode} reboots={reboots} node={slurm['node']}\n{lib.tail(result.stdout, 10)}")

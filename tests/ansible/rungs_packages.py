@@ -62,11 +62,13 @@ def converge(ladder, venv: Path) -> None:
               f"nvidia-fabric-manager-{driver}", f"kernel-devel-{fake_repos.KERNEL}", f"kernel-headers-{fake_repos.KERNEL}",
               f"dkms-{fake_repos.DKMS_VERSION}-1.el9", "cuda-toolkit-12-8-12.8.1-1",
               f"libnccl-{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}", "python3-dnf-plugin-versionlock-4.3.0-13.el9",
-              "rdma-core-48.0-1.el9", f"datacenter-gpu-manager-{fake_repos.DCGM_VERSION}-1"}
+              "rdma-core-48.0-1.el9", f"datacenter-gpu-manager-4-cuda12-{fake_repos.DCGM_VERSION}-1",
+              f"datacenter-gpu-manager-4-core-{fake_repos.DCGM_VERSION}-1"}
     ladder.check("verify/the pinned driver, its kernel headers, dkms, CUDA, NCCL, fabric manager, rdma-core and DCGM are installed",
                  wanted <= packages, f"missing: {sorted(wanted - packages)}")
-    ladder.check("verify/no package of the other flavour or the newer release",
-                 not any(p.startswith("kmod-nvidia-latest-dkms") or new in p for p in packages), sorted(packages))
+    ladder.check("verify/no package of the other flavour or the newer release, nor DCGM 3 (datacenter-gpu-manager)",
+                 not any(p.startswith(("kmod-nvidia-latest-dkms", "datacenter-gpu-manager-3")) or new in p for p in packages),
+                 sorted(packages))
     modules = lib.built_modules(root, IMAGE_KERNEL)
     ladder.check(f"verify/the image has nvidia.ko {old} (open) for its own kernel {IMAGE_KERNEL} (modinfo)",
                  modules == [f"{old} Dual MIT/GPL"], str(modules))
@@ -101,7 +103,7 @@ def converge(ladder, venv: Path) -> None:
         "etc/profile.d/cuda.sh": "CUDA_HOME=/usr/local/cuda-12.8",
         "etc/yum.repos.d/hpc-train-gpu.repo": f"baseurl=file://{repos}/cuda/",
         "etc/firewalld/zones/hpc-train-fabric.xml": '<source address="10.10.0.0/16"/>',
-        "usr/libexec/hpc-train/gpu-health-check": "expected_gpus=8",
+        "usr/libexec/hpc-train/gpu-health-check": "fallback_gpus=8",
     }
     for path, line in files.items():
         text = (root / path).read_text() if (root / path).exists() else ""
