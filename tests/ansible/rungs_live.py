@@ -302,7 +302,8 @@ def fabric_and_rollout(ladder, node, slurm: dict) -> None:
                  and not resumed(slurm), failure.get("msg", "") or lib.tail(result.stdout))
     result, records, slurm = play("9b-a100-fabric-manager-running", {"node": slurm["node"]}, *rollback_pins, *services,
                                   "-e", f"nvidia_driver_libcuda={libcuda_elf.build(lib.WORK / 'libcuda-ok' / 'libcuda.so.1')}",
-                                  units={"nvidia-fabricmanager.service": "active"})
+                                  # Linked by config.yml, not started by any boot yet: the role must start it.
+                                  units={"nvidia-fabricmanager.service": "inactive"})
     ladder.check("live/A100 HGX, fabric manager running and a CUDA context on every GPU: resumed (fabric.state N/A is no failure)",
                  result.returncode == 0 and len(resumed(slurm)) == 1 and slurm["node"]["state"] == "IDLE",
                  f"rc={result.returncode} node={slurm['node']}\n{lib.tail(result.stdout, 12)}")
