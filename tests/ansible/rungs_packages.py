@@ -189,6 +189,9 @@ def nccl_pin_change(ladder, venv: Path) -> None:
     # The CUDA repository as the driver role configures it (only the nccl role runs here).
     (node["root"] / "etc" / "yum.repos.d" / "cuda.repo").write_text(
         f"[cuda]\nname=CUDA (fake)\nbaseurl=file://{repos}/cuda/\nenabled=1\ngpgcheck=0\n")
+    # The lock list as python3-dnf-plugin-versionlock ships it on a live node: there, empty.
+    (node["root"] / "etc" / "dnf" / "plugins").mkdir(parents=True, exist_ok=True)
+    (node["root"] / "etc" / "dnf" / "plugins" / "versionlock.list").write_text("")
     pins = ["--tags", "nccl", "-e", "gpu_stack_nccl_enabled=true"]
     result, records = converge_run(venv, node, repos, "nccl-1-pinned", *pins)
     old = f"libnccl-{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}"
