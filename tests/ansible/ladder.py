@@ -8,6 +8,7 @@ Rungs, each printed with its wall time:
   converge          image_build.yml with dnf into an EL9 image root from fake repositories (rungs_packages.py):
                     converge, idempotence, verify (incl. the module built for the image's kernel), flavour switch
   missing_branch    refusals on a fresh root: a branch the mirror lacks, a kernel whose kernel-devel it lacks
+  nccl_pin          an NCCL pin change on a root whose dnf honours the versionlock list (the old lock must not block it)
   live_change       the driver lifecycle on a live node (rungs_live.py): drain, change, reboot through Slurm, check,
                     resume; rollback 570 -> 550; unknown NodeName; kernel update; failed fabric manager
   gpu_validate      validate.yml against a stand-in nvidia-smi (rungs_nodes.py)
@@ -102,11 +103,14 @@ def static(ladder: Ladder, venv: Path, label: str) -> None:
 # ------------------------------------------------------------------------------------------------ unit
 
 
-def unit(ladder: Ladder, venv: Path) -> None:
+def unit(ladder: Ladder, venv: Path, core_216: Path) -> None:
+    """pytest with the current core; test_target_python.py runs the roles' modules on Python 2.7/3.6 through core_216's
+    ansible-playbook (2.19 no longer targets them)."""
     junit = WORK / "unit-junit.xml"
     junit.unlink(missing_ok=True)
     result = run([str(venv / "bin" / "python"), "-m", "pytest", "-c", str(HERE / "pytest.ini"), "-q", f"--junitxml={junit}",
-                  "test_templates.py", "test_role_rules.py", "test_provision.py", "test_driver_facts.py", "test_slurm_conf_filters.py", "test_cuda_context.py"], ansible_env(venv), WORK / "logs" / "unit.log")
+                  "test_templates.py", "test_role_rules.py", "test_provision.py", "test_driver_facts.py", "test_slurm_conf_filters.py", "test_cuda_context.py", "test_target_python.py"],
+                 ansible_env(venv, HPC_TRAIN_CORE_216=str(core_216)), WORK / "logs" / "unit.log")
     if not junit.exists():
         ladder.check("unit/pytest ran", False, tail(result.stdout + result.stderr))
         return
@@ -229,7 +233,7 @@ def main() -> int:
                 static(ladder, venv_216, label_216)
         if "unit" in wanted:
             with ladder.rung("unit"):
-                unit(ladder, args.core_current)
+                unit(ladder, args.core_current, args.core_216)
         for label, venv in venvs.items():
             if "check" in wanted:
                 with ladder.rung(f"check[{label}]"):
@@ -248,7 +252,7 @@ def main() -> int:
         if "static" in wanted:
             with ladder.rung(f"static[{label_current}]"):
                 static(ladder, venv_current, label_current)
-        steps = [("converge", "missing_branch", rungs_packages.missing_branch),
+        steps = [("converge", "missing_branch", rungs_packages.missing_branch), ("converge", "nccl_pin", rungs_packages.nccl_pin_change),
                  ("gpu_validate", "gpu_validate", rungs_nodes.gpu_validate), ("pytorch_env", "pytorch_env", rungs_nodes.pytorch_env)]
         for rung, name, function in steps:
             if rung in wanted:

@@ -20,6 +20,15 @@ CACHE = HERE / ".cache"
 WORK = CACHE / "work"
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
+
+def _gpu_health_var(name: str) -> str:
+    import yaml  # the ladder's venv has it (ansible-core's dependency)
+    return yaml.safe_load((ANSIBLE / "roles" / "gpu_health" / "vars" / "main.yml").read_text())[name]
+
+
+# The reason nvidia_driver's slurm_asap reboot starts with, which the gpu_health check resumes once the node is healthy.
+GPU_HEALTH_REBOOT_REASON = _gpu_health_var("__gpu_health_reboot_reason_prefix")
+
 sys.path.insert(0, str(HERE))
 from fake_repos import build as fake_repos  # noqa: E402
 

@@ -10,6 +10,9 @@ CACHE=$HERE/.cache
 CORE_216=ansible-core==2.16.19
 CORE_CURRENT=ansible-core==2.19.14
 LINT=ansible-lint==26.10.1
+# The last parso with a Python 2.7 grammar: the roles' own modules must compile on EL7's 2.7 and EL8's 3.6
+# (test_target_python.py); pure Python, installed apart from the venvs (ansible-lint's deps never see it).
+PARSO=parso==0.7.1
 # busybox-static: the shell rpm runs scriptlets with inside the fake EL roots; kmod: the real modinfo.
 APT_PACKAGES="rpm createrepo-c dnf python3-dnf dnf-plugins-core python3-venv busybox-static kmod"
 mkdir -p "$CACHE"
@@ -58,7 +61,13 @@ make_venv() {  # make_venv DIR REQUIREMENT...: create once, reuse while the pins
 phase_start=$(date +%s)
 make_venv "$CACHE/core-2.16" "$CORE_216" "$LINT" || fail_setup "could not install $CORE_216 $LINT from PyPI"
 make_venv "$CACHE/core-current" "$CORE_CURRENT" "$LINT" || fail_setup "could not install $CORE_CURRENT $LINT from PyPI"
-echo "--- setup: venvs ($CORE_216, $CORE_CURRENT, $LINT): $(( $(date +%s) - phase_start )) s"
+if [ "$(cat "$CACHE/parso-0.7.1/.hpc-train-pins" 2>/dev/null)" != "$PARSO" ]; then
+    rm -rf "$CACHE/parso-0.7.1"
+    "$CACHE/core-current/bin/pip" install -q --disable-pip-version-check --no-deps --target "$CACHE/parso-0.7.1" "$PARSO" \
+        >"$CACHE/pip-parso.log" 2>&1 && echo "$PARSO" > "$CACHE/parso-0.7.1/.hpc-train-pins" \
+        || { tail -20 "$CACHE/pip-parso.log"; fail_setup "could not install $PARSO from PyPI (the 2.7/3.6 grammar check)"; }
+fi
+echo "--- setup: venvs ($CORE_216, $CORE_CURRENT, $LINT) and $PARSO: $(( $(date +%s) - phase_start )) s"
 
 # The ladder prints the total time (from $HPC_TRAIN_LADDER_START) and then its "N passed, N failed" line last.
 HPC_TRAIN_LADDER_START=$start exec "$CACHE/core-2.16/bin/python" "$HERE/ladder.py" \

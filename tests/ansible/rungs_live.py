@@ -39,7 +39,6 @@ def live_change(ladder, venv: Path) -> None:
     lib.build_fixture_machine(json.loads((lib.HERE / "fixtures" / "facts" / "el9.json").read_text()), machine)
     loaded = machine / "proc-driver-nvidia-version"
     old = fake_repos.DRIVER_VERSIONS[0]
-    rollback = fake_repos.ROLLBACK_VERSION
     driver = f"{old}-1.el9"
     loaded.write_text(loaded_line(old, "proprietary"))  # the converged image ends on the proprietary flavour
     gpu_state = lib.write_state(lib.WORK / "live-gpu.json", {"loaded_version_file": str(loaded), "gpus": 8,
@@ -74,15 +73,19 @@ def live_change(ladder, venv: Path) -> None:
                          env, lib.WORK / "logs" / f"live-{label}.log")
         return result, lib.read_records(record), json.loads(slurm_state.read_text())
 
-    def updates(slurm: dict) -> list[list[str]]:
-        return [c["argv"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "update"]]
+    live = SimpleNamespace(play=play, root=root, loaded=loaded, gpu_state=gpu_state, repos=repos, old=old, driver=driver,
+                           rollback=fake_repos.ROLLBACK_VERSION, updates=updates, call_times=call_times, resumed=resumed)
+    drain_and_change(ladder, live)
+    rollback_to_550(ladder, live)
+    slurm = boot_kernel(ladder, live)
+    fabric_and_rollout(ladder, live, slurm)
 
-    def call_times(slurm: dict, *prefix: str) -> list[float]:
-        return [c["time"] for c in slurm["calls"] if c["argv"][:len(prefix)] == list(prefix)]
 
-    def resumed(slurm: dict) -> list[float]:
-        return [c["time"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "update"] and "State=RESUME" in c["argv"]]
-
+def drain_and_change(ladder, node) -> None:
+    """Jobs that outlast the drain; the change after the drain; a rerun that reboots; then an admin's drain and an
+    unknown NodeName."""
+    play, root, loaded, old, driver = node.play, node.root, node.loaded, node.old, node.driver
+    call_times, resumed = node.call_times, node.resumed
     # 1. Jobs outlast the drain timeout: nothing changes, the node stays drained.
     before = lib.rpm_packages(root)
     busy = {"node": {"name": "gpu01", "state": "MIXED", "reason": ""}, "jobs": ["4242"]}
@@ -135,6 +138,12 @@ def live_change(ladder, venv: Path) -> None:
                  and any(r["task"].endswith("Check that every GPU runs the installed driver") and r["status"] == "ok" for r in records),
                  f"resume={resumed(slurm)} node={slurm['node']} loaded={loaded.read_text()!r}")
 
+    admin_drain_and_unknown_node(ladder, node, slurm)
+
+
+def admin_drain_and_unknown_node(ladder, node, slurm: dict) -> None:
+    """A node an admin drained; a NodeName Slurm does not know, and the same node marked new."""
+    play, root, old, driver, updates = node.play, node.root, node.old, node.driver, node.updates
     # 4. A node an admin drained: changed without touching its Slurm state; no reboot asked, so one is pending.
     result, records, slurm = play("4-admin-drained-node", {"node": {"name": "gpu01", "state": "IDLE+DRAIN", "reason": "bad fan"}},
                                   "-e", "gpu_stack_driver_flavor=proprietary")
@@ -167,6 +176,13 @@ def live_change(ladder, venv: Path) -> None:
                  result.returncode == 0 and f"kmod-nvidia-open-dkms-{driver}" in lib.rpm_packages(root) and updates(slurm) == [],
                  f"rc={result.returncode} updates={updates(slurm)}\n{lib.tail(result.stdout, 12)}")
 
+    node.renamed = renamed
+
+
+def rollback_to_550(ladder, node) -> None:
+    """Roll back to an older branch on a node whose NodeName is mapped, first in check mode."""
+    play, root, loaded, renamed, rollback, old = node.play, node.root, node.loaded, node.renamed, node.rollback, node.old
+    updates, call_times, resumed = node.updates, node.call_times, node.resumed
     # 6. Roll back to an older branch (570 -> 550) on a node whose NodeName is mapped, with a job to wait for; first in
     #    check mode, which must change nothing. CUDA 12.4 here keeps this about the rollback (550 is built for it;
     #    preflight's table is checked in check mode).
@@ -200,10 +216,17 @@ def live_change(ladder, venv: Path) -> None:
                  and slurm["node"] == {"name": "gpu-a01", "state": "IDLE", "reason": ""} and f"  {rollback}  " in loaded.read_text(),
                  f"drain={drained} reboot={reboots} resume={resumed(slurm)} node={slurm['node']}")
 
-    live = SimpleNamespace(play=play, root=root, loaded=loaded, gpu_state=gpu_state, repos=repos, renamed=renamed,
-                           pins=rollback_pins, rollback=rollback, old=old, updates=updates, call_times=call_times, resumed=resumed)
-    slurm = boot_kernel(ladder, live)
-    fabric_and_rollout(ladder, live, slurm)
+    node.pins = rollback_pins
+
+
+def updates(slurm: dict) -> list[list[str]]:
+    return [c["argv"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "update"]]
+
+def call_times(slurm: dict, *prefix: str) -> list[float]:
+    return [c["time"] for c in slurm["calls"] if c["argv"][:len(prefix)] == list(prefix)]
+
+def resumed(slurm: dict) -> list[float]:
+    return [c["time"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "update"] and "State=RESUME" in c["argv"]]
 
 
 def boot_kernel(ladder, node) -> dict:
@@ -260,11 +283,10 @@ def boot_kernel(ladder, node) -> dict:
 
 
 def fabric_and_rollout(ladder, node, slurm: dict) -> None:
-    """An HGX A100 with and without Fabric Manager, nvidia-persistenced; a change without a reboot over two batches,
-    then its reboot handed to Slurm."""
-    play, root, loaded, gpu_state, rollback_pins, rollback = node.play, node.root, node.loaded, node.gpu_state, node.pins, node.rollback
+    """An HGX A100 with and without Fabric Manager, in service with busy GPUs; nvidia-persistenced and
+    nvidia-fabricmanager started; then the rollout's stops."""
+    play, root, loaded, gpu_state, rollback_pins = node.play, node.root, node.loaded, node.gpu_state, node.pins
     resumed = node.resumed
-    call_times = node.call_times
     # 9. An HGX A100: fabric.state is N/A on every GPU, Fabric Manager is required all the same. With it failed (CUDA
     #    says 802), the node stays out; running (a context on every GPU), it is resumed, and nvidia-persistenced
     #    (NVIDIA's unit has no [Install]) is linked and started.
@@ -280,7 +302,8 @@ def fabric_and_rollout(ladder, node, slurm: dict) -> None:
                  and not resumed(slurm), failure.get("msg", "") or lib.tail(result.stdout))
     result, records, slurm = play("9b-a100-fabric-manager-running", {"node": slurm["node"]}, *rollback_pins, *services,
                                   "-e", f"nvidia_driver_libcuda={libcuda_elf.build(lib.WORK / 'libcuda-ok' / 'libcuda.so.1')}",
-                                  units={"nvidia-fabricmanager.service": "active"})
+                                  # Linked by config.yml, not started by any boot yet: the role must start it.
+                                  units={"nvidia-fabricmanager.service": "inactive"})
     ladder.check("live/A100 HGX, fabric manager running and a CUDA context on every GPU: resumed (fabric.state N/A is no failure)",
                  result.returncode == 0 and len(resumed(slurm)) == 1 and slurm["node"]["state"] == "IDLE",
                  f"rc={result.returncode} node={slurm['node']}\n{lib.tail(result.stdout, 12)}")
@@ -290,7 +313,27 @@ def fabric_and_rollout(ladder, node, slurm: dict) -> None:
                  wants.is_symlink() and slurm.get("units", {}).get("nvidia-persistenced.service") == "active"
                  and len(started) == 1 and resumed(slurm) and started[0] < resumed(slurm)[0],
                  f"link={wants.is_symlink()} units={slurm.get('units')} started={started}")
+    started = [c["time"] for c in slurm["calls"] if c["argv"][:2] == ["systemctl", "start"] and "nvidia-fabricmanager" in c["argv"][2]]
+    ladder.check("live/nvidia-fabricmanager (linked, not started by any boot yet) is started too, before the resume",
+                 len(started) == 1 and resumed(slurm) and started[0] < resumed(slurm)[0], f"started={started}")
 
+    # 9c. The same node in service, its GPUs busy (cuCtxCreate: 46, devices unavailable): a rerun must not probe it.
+    busy = libcuda_elf.build(lib.WORK / "libcuda-busy" / "libcuda.so.1", ctx_rc=46)
+    result, records, slurm = play("9c-a100-in-service", {"node": slurm["node"]}, *rollback_pins, *services, "--skip-tags", "packages",
+                                  "-e", f"nvidia_driver_libcuda={busy}", units={"nvidia-fabricmanager.service": "active"})
+    notes = [r["msg"] for r in records if r["task"].endswith("Say why the CUDA contexts were not checked")]
+    ladder.check("live/A100 HGX in service, GPUs busy: a rerun tries no CUDA context on them, passes and says why",
+                 result.returncode == 0 and slurm["node"]["state"] == "IDLE" and len(notes) == 1 and "in service in Slurm" in notes[0]
+                 and not any(r["task"].endswith("Create a CUDA context on every GPU (NVSwitch GPUs without a fabric state)")
+                             and r["status"] != "skipped" for r in records),
+                 f"rc={result.returncode} notes={notes}\n{(lib.first_failure(records, 'el9-image') or {}).get('msg', '')}")
+
+    rollout_stops(ladder, node, slurm)
+
+
+def rollout_stops(ladder, node, slurm: dict) -> None:
+    """A change without a reboot over two batches stops after the canary; its reboot handed to Slurm."""
+    play, root, rollback_pins, rollback, call_times = node.play, node.root, node.pins, node.rollback, node.call_times
     # 10. A change allowed but no reboot, rolled out in the default batches over two nodes: the canary is drained and
     #     waits for its reboot; the rollout stops there instead of draining the next batch too.
     result, records, slurm = play("10-change-without-reboot", {"node": slurm["node"]}, *rollback_pins,
@@ -305,14 +348,16 @@ def fabric_and_rollout(ladder, node, slurm: dict) -> None:
                  not any(r["host"] == "el9-image-b" and r["task"].startswith("nvidia_driver") for r in records),
                  str(sorted({r["task"] for r in records if r["host"] == "el9-image-b"})[:8]))
 
-    # 11. Its reboot handed to Slurm: scontrol reboot ASAP nextstate=RESUME, no drain wait; Slurm reboots the idle node
-    #     and returns it to service (the gpu_health check, set here, guards the boot).
+    # 11. Its reboot handed to Slurm: scontrol reboot ASAP nextstate=DOWN, no drain wait; Slurm reboots the idle node,
+    #     which comes back DOWN with gpu_health's reboot reason (the real_slurm rung shows gpu_health resuming it).
     result, records, slurm = play("11-reboot-asap-resume", {"node": slurm["node"]}, *rollback_pins, "-e", "gpu_stack_driver_flavor=proprietary",
                                   "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm_asap",
                                   "-e", "gpu_stack_health_check_program=/usr/libexec/hpc-train/gpu-health-check")
     reboots = [c["argv"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "reboot"]]
-    ladder.check("live/reboot_method slurm_asap: one scontrol reboot ASAP nextstate=RESUME, no job wait, Slurm resumes the node",
-                 result.returncode == 0 and reboots == [["scontrol", "reboot", "ASAP", "nextstate=RESUME",
-                                                         f"reason=hpc-train: reboot into NVIDIA driver {rollback}", "gpu-a01"]]
-                 and call_times(slurm, "squeue") == [] and slurm["node"]["state"] == "IDLE",
+    ladder.check("live/reboot_method slurm_asap: one scontrol reboot ASAP nextstate=DOWN with gpu_health's reboot reason, no job wait; "
+                 "the node comes back DOWN (never in service unchecked)",
+                 result.returncode == 0 and reboots == [["scontrol", "reboot", "ASAP", "nextstate=DOWN",
+                                                         f"reason={lib.GPU_HEALTH_REBOOT_REASON} into NVIDIA driver {rollback}", "gpu-a01"]]
+                 and call_times(slurm, "squeue") == [] and slurm["node"]["state"] == "DOWN"
+                 and slurm["node"]["reason"].startswith(lib.GPU_HEALTH_REBOOT_REASON),
                  f"rc={result.returncode} reboots={reboots} node={slurm['node']}\n{lib.tail(result.stdout, 10)}")

@@ -63,7 +63,7 @@ def gpu_validate(ladder, venv: Path) -> None:
     failure = lib.first_failure(records, "validate-node") or {}
     ladder.check("gpu_validate/driver not loaded after a failed DKMS build: reported, not taken for a pending reboot",
                  failure.get("msg", "").startswith(f"gpu_validate: the NVIDIA driver is not loaded on validate-node, and no nvidia module of "
-                                                   f"driver {version} (open) is built for the running kernel {IMAGE_KERNEL}"),
+                                                   f"driver {version} (open) is built for the kernel the node boots, {IMAGE_KERNEL}"),
                  failure.get("msg", "") or lib.tail(result.stdout))
 
     lib.rpm_install(node["root"], sorted((repos / "baseos").glob(f"kernel-devel-{IMAGE_KERNEL}.rpm")))

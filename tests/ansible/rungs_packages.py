@@ -62,11 +62,13 @@ def converge(ladder, venv: Path) -> None:
               f"nvidia-fabric-manager-{driver}", f"kernel-devel-{fake_repos.KERNEL}", f"kernel-headers-{fake_repos.KERNEL}",
               f"dkms-{fake_repos.DKMS_VERSION}-1.el9", "cuda-toolkit-12-8-12.8.1-1",
               f"libnccl-{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}", "python3-dnf-plugin-versionlock-4.3.0-13.el9",
-              "rdma-core-48.0-1.el9", f"datacenter-gpu-manager-{fake_repos.DCGM_VERSION}-1"}
+              "rdma-core-48.0-1.el9", f"datacenter-gpu-manager-4-cuda12-{fake_repos.DCGM_VERSION}-1",
+              f"datacenter-gpu-manager-4-core-{fake_repos.DCGM_VERSION}-1"}
     ladder.check("verify/the pinned driver, its kernel headers, dkms, CUDA, NCCL, fabric manager, rdma-core and DCGM are installed",
                  wanted <= packages, f"missing: {sorted(wanted - packages)}")
-    ladder.check("verify/no package of the other flavour or the newer release",
-                 not any(p.startswith("kmod-nvidia-latest-dkms") or new in p for p in packages), sorted(packages))
+    ladder.check("verify/no package of the other flavour or the newer release, nor DCGM 3 (datacenter-gpu-manager)",
+                 not any(p.startswith(("kmod-nvidia-latest-dkms", "datacenter-gpu-manager-3")) or new in p for p in packages),
+                 sorted(packages))
     modules = lib.built_modules(root, IMAGE_KERNEL)
     ladder.check(f"verify/the image has nvidia.ko {old} (open) for its own kernel {IMAGE_KERNEL} (modinfo)",
                  modules == [f"{old} Dual MIT/GPL"], str(modules))
@@ -101,7 +103,7 @@ def converge(ladder, venv: Path) -> None:
         "etc/profile.d/cuda.sh": "CUDA_HOME=/usr/local/cuda-12.8",
         "etc/yum.repos.d/hpc-train-gpu.repo": f"baseurl=file://{repos}/cuda/",
         "etc/firewalld/zones/hpc-train-fabric.xml": '<source address="10.10.0.0/16"/>',
-        "usr/libexec/hpc-train/gpu-health-check": "expected_gpus=8",
+        "usr/libexec/hpc-train/gpu-health-check": "fallback_gpus=8",
     }
     for path, line in files.items():
         text = (root / path).read_text() if (root / path).exists() else ""
@@ -177,3 +179,32 @@ def missing_branch(ladder, venv: Path) -> None:
                  failure.get("msg", ""))
     ladder.check("negative/missing branch: no driver package installed",
                  not any(p.startswith(("nvidia-", "kmod-nvidia")) for p in lib.rpm_packages(fresh["root"])))
+
+
+def nccl_pin_change(ladder, venv: Path) -> None:
+    """A pin change of NCCL (a new CUDA brings a new build) on a node whose dnf honours the versionlock list, as a live
+    node's does: the lock of the old pin must not hide the new build, and the lock follows the pin."""
+    repos = lib.ensure_repos("repos")
+    node = lib.make_image_root("nccl-pin", repos, lock_active=True)
+    # The CUDA repository as the driver role configures it (only the nccl role runs here).
+    (node["root"] / "etc" / "yum.repos.d" / "cuda.repo").write_text(
+        f"[cuda]\nname=CUDA (fake)\nbaseurl=file://{repos}/cuda/\nenabled=1\ngpgcheck=0\n")
+    # The lock list as python3-dnf-plugin-versionlock ships it on a live node: there, empty.
+    (node["root"] / "etc" / "dnf" / "plugins").mkdir(parents=True, exist_ok=True)
+    (node["root"] / "etc" / "dnf" / "plugins" / "versionlock.list").write_text("")
+    pins = ["--tags", "nccl", "-e", "gpu_stack_nccl_enabled=true"]
+    result, records = converge_run(venv, node, repos, "nccl-1-pinned", *pins)
+    old = f"libnccl-{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}"
+    ladder.check("nccl/installed at its pin and locked there", result.returncode == 0 and old in lib.rpm_packages(node["root"])
+                 and f"libnccl-0:{fake_repos.NCCL_VERSION}-{fake_repos.NCCL_RELEASE}.*" in lib.lock_block(node["root"], "nccl"),
+                 lib.tail(result.stdout, 12))
+    version, release = fake_repos.NEWER_NCCL
+    cuda = release.split("+cuda")[1]
+    result, records = converge_run(venv, node, repos, "nccl-2-pin-changed", *pins, "-e", f"gpu_stack_nccl_version={version}-1",
+                                   "-e", f"nccl_cuda_version={cuda}")
+    packages = lib.rpm_packages(node["root"])
+    ladder.check("nccl/a new pin (NCCL for a newer CUDA) installs past the old pin's lock, and the lock follows it",
+                 result.returncode == 0 and f"libnccl-{version}-{release}" in packages and old not in packages
+                 and lib.lock_block(node["root"], "nccl") == [f"libnccl-0:{version}-{release}.*", f"libnccl-devel-0:{version}-{release}.*"],
+                 f"rc={result.returncode} lock={lib.lock_block(node['root'], 'nccl')}\n"
+                 f"{(lib.first_failure(records, 'el9-image') or {}).get('msg', '')}\n{lib.tail(result.stdout, 12)}")

@@ -2,12 +2,15 @@
 scontrol) on the ladder's own small cluster (real_slurm/): a controller, GPU nodes gpu01 and gpu02 (Slurm NodeName
 gpu-b02) with 4 fake GPUs each, and a login host, each in its own namespaces with its own /etc/slurm.
 
-classic     every host reads its own slurm.conf: check mode writes nothing; site.yml --tags slurm; then the real
-            slurmctld and slurmd (started as EL's units start them, without -N: slurmd finds its NodeName by its host
-            name) register both nodes with their GPUs; a job submitted from the login host with a 64 KiB shell MEMLOCK
-            runs with slurmd's unlimited one; a login host whose slurm.conf the site owns is refused, and its job gets
-            the shell's limit; the gpu_health check run by the real slurmd drains a node with a lost GPU or an ECC
-            error (reason gpu_health: ...), resumes it once healthy, and leaves an admin's drain alone
+classic     every host reads its own slurm.conf: check mode writes nothing (DCGM on, not installed); a run limited to
+            gpu01 and the login host refuses gpu01's NHC HealthCheckProgram and gives the login host no Include of a
+            file it lacks; site.yml --tags slurm; then the real slurmctld and slurmd (started as EL's units start them,
+            without -N: slurmd finds its NodeName by its host name) register both nodes with their GPUs; a job
+            submitted from the login host with a 64 KiB shell MEMLOCK runs with slurmd's unlimited one; the gpu_health
+            check run by the real slurmd drains a node with a lost GPU (by Slurm's Gres count) or an ECC error (reason
+            gpu_health: ...), resumes it once healthy, and leaves an admin's drain alone; drains a node whose nvidia-smi
+            never returns without piling up nvidia-smis; ignores nvidia-smi's stderr; a login host whose slurm.conf
+            the site owns is refused, and its job gets the shell's limit
 configless  the nodes have no slurm.conf and run slurmd --conf-server: refused while slurmd has fetched nothing;
             registered with the controller's gres.conf lines; scontrol on a node names slurmctld's SLURM_CONF; a rerun
             that changes the controller restarts slurmctld, then slurmd, which fetches the new files
@@ -18,6 +21,8 @@ The Python suites' cluster (tests/cluster) is stopped first: never two clusters 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +32,7 @@ from real_slurm.harness import RealSlurm
 
 NODES = {"gpu01": "gpu01", "gpu02": "gpu-b02"}  # host -> Slurm NodeName
 HEALTH_CHECK = "/run/hpc-train/gpu-health-check"
+SMI_TIMEOUT_S = 3  # what the health check gives nvidia-smi here (gpu_health_command_timeout_s)
 CLASSIC = {"slurmctl": "controller", "gpu01": "node", "gpu02": "node", "login01": "login"}
 CONFIGLESS = {"slurmctl": "controller", "gpu01": "node", "gpu02": "node"}
 # A GPU job from the login host, whose shell has a 64 KiB locked-memory limit: the job prints its limit and its GPU.
@@ -62,8 +68,10 @@ def play(cluster: RealSlurm, venv: Path, label: str, *extra: str, limit: str = "
                       "--limit", limit or ",".join(cluster.hosts), "-e", f"@{lib.EXAMPLE / 'group_vars' / 'all' / 'gpu_stack.yml'}",
                       "--tags", "slurm,health", "--skip-tags", "packages", "-e", f"fixtures_dir={lib.HERE / 'fixtures'}",
                       "-e", f"real_slurm_dir={cluster.base}", "-e", "gpu_stack_manage_services=true",
-                      # The health check where the nodes' namespaces see their own root (/run), checked every 2 s; no DCGM.
+                      # The health check where the nodes' namespaces see their own root (/run), checked every 2 s, nvidia-smi
+                      # given 3 s; no DCGM. Deployed for 8 GPUs (one image for 4- and 8-GPU nodes): it must go by Slurm's 4.
                       "-e", f"gpu_stack_health_check_program={HEALTH_CHECK}", "-e", "slurm_gpu_node_health_check_interval_s=2",
+                      "-e", f"gpu_health_command_timeout_s={SMI_TIMEOUT_S}", "-e", "gpu_health_expected_gpus=8",
                       "-e", "gpu_health_dcgm=false", *extra, "slurm_site.yml"], env, lib.WORK / "logs" / f"real-slurm-{label}.log")
     return result, lib.read_records(record)
 
@@ -96,13 +104,17 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
     for host in NODES:
         cluster.fake_gpus(host)
     site = cluster.site_slurm_conf()
-    # Check mode on the controller and the GPU nodes (the login host takes the GPU nodes' path, see play 3).
-    result, records = play(cluster, venv, "1-classic-check-mode", "--check", "--diff", limit="slurmctl,gpu01,gpu02")
-    ladder.check("real_slurm/classic, check mode: runs, writes nothing, restarts nothing",
+    # Check mode on the controller and the GPU nodes (the login host takes the GPU nodes' path, see play 3), with DCGM
+    # on and the driver loaded: DCGM is not installed in check mode, so there is no unit to start.
+    result, records = play(cluster, venv, "1-classic-check-mode", "--check", "--diff", "-e", "gpu_health_dcgm=true",
+                           "-e", f"gpu_health_driver_version_file={cluster.base / 'driver-gpu01'}", limit="slurmctl,gpu01,gpu02")
+    ladder.check("real_slurm/classic, check mode (DCGM on, not installed yet): runs, writes nothing, restarts nothing",
                  result.returncode == 0 and all(conf_lines(cluster, h) == site.splitlines() for h in CLASSIC)
                  and all(c["argv"][:1] == ["is-active"] for c in cluster.calls())
                  and not (cluster.root("gpu01") / "etc" / "slurm" / "gres.conf").exists(),
                  f"rc={result.returncode} calls={cluster.calls()}\n{lib.tail(result.stdout)}")
+
+    limited_canary(ladder, venv, cluster, site)
 
     result, records = play(cluster, venv, "2-classic")
     ladder.check("real_slurm/classic: site.yml --tags slurm succeeds on the controller, both GPU nodes and the login host",
@@ -137,6 +149,7 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
                  f"rc={job.returncode} job said {got}, slurmd has {slurmd_limit!r}\n{job.stdout}{job.stderr}")
 
     health(ladder, cluster)
+    hung_nvidia_smi(ladder, cluster)
 
     # The site's own Slurm role puts the login host's slurm.conf back, and owns it (manage_slurm_conf false).
     (cluster.root("login01") / "etc" / "slurm" / "slurm.conf").write_text(site)
@@ -151,13 +164,35 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
                  job.returncode != 0 and "gres" in job.stderr.lower(), f"rc={job.returncode} {job.stderr.strip()}")
 
 
+def limited_canary(ladder, venv: Path, cluster: RealSlurm, site: str) -> None:
+    """site.yml --limit gpu01,login01 before anything else ran (the documented canary, with a login host): the other
+    GPU node has no facts, so no host can get the NodeName file. gpu01's slurm.conf runs the site's NHC."""
+    nhc = site + "HealthCheckProgram=/usr/sbin/nhc\nHealthCheckInterval=600\n"
+    (cluster.root("gpu01") / "etc" / "slurm" / "slurm.conf").write_text(nhc)
+    result, records = play(cluster, venv, "1b-classic-limited", limit="gpu01,login01")
+    msg = failures(records).get("gpu01", "")
+    ladder.check("real_slurm/classic: a slurm.conf that runs the site's own HealthCheckProgram (NHC) is refused, nothing changed",
+                 msg.startswith("slurm_gpu_node: /etc/slurm/slurm.conf on gpu01 already runs HealthCheckProgram=/usr/sbin/nhc, and "
+                                "slurmd runs only one; nothing was changed.") and "slurm_gpu_node_health_check_site_program=keep" in msg
+                 and conf_lines(cluster, "gpu01") == nhc.splitlines(), msg or lib.tail(result.stdout))
+    ping = cluster.in_host("login01", "scontrol", "ping")
+    lines = conf_lines(cluster, "login01")
+    ladder.check("real_slurm/classic, --limit without the other GPU nodes: no Include of a NodeName file that is not there, so "
+                 "Slurm's commands on the login host still read its slurm.conf",
+                 not any(line.startswith("Include") for line in lines) and "GresTypes=bandwidth,gpu" in lines
+                 and "Unable to process configuration file" not in ping.stderr and "Slurmctld" in ping.stdout,
+                 f"{lines[-6:]}\n{ping.stdout}{ping.stderr}")
+    (cluster.root("gpu01") / "etc" / "slurm" / "slurm.conf").write_text(site)
+
+
 def health(ladder, cluster: RealSlurm) -> None:
     """gpu_health's check, run by the real slurmd every 2 s (HealthCheckProgram), against each node's stand-in GPUs."""
     cluster.fake_gpus("gpu01", gpus=3)
     cluster.fake_gpus("gpu02", gpu_fields={"1": {"ecc.errors.uncorrected.volatile.total": "2"}})
     drained = lambda nodes, name: "DRAIN" in nodes.get(name, {}).get("State", "") and nodes[name].get("Reason", "").startswith("gpu_health:")  # noqa: E731
     nodes = cluster.wait("drains", lambda: (lambda n: drained(n, "gpu01") and drained(n, "gpu-b02") and n)(cluster.nodes()), 20) or cluster.nodes()
-    ladder.check("real_slurm/gpu_health: slurmd's health check drains a node that lost a GPU and one with an ECC error, saying why",
+    ladder.check("real_slurm/gpu_health: slurmd's health check drains a node that lost a GPU (Slurm's Gres says 4, not the 8 "
+                 "it was deployed with) and one with an ECC error, saying why",
                  nodes.get("gpu01", {}).get("Reason") == "gpu_health: 3 of 4 GPUs answer"
                  and nodes.get("gpu-b02", {}).get("Reason") == "gpu_health: GPU 1 has 2 uncorrected ECC error(s)",
                  json.dumps({n: {k: v.get(k) for k in ("State", "Reason")} for n, v in nodes.items()}) + "\n" + cluster.logs(5))
@@ -175,6 +210,33 @@ def health(ladder, cluster: RealSlurm) -> None:
     cluster.fake_gpus("gpu02")
     for name in NODES.values():
         cluster.in_host(cluster.controller, "scontrol", "update", f"nodename={name}", "state=resume")
+
+
+def hung_nvidia_smi(ladder, cluster: RealSlurm) -> None:
+    """nvidia-smi that never returns (a GPU off the bus): real slurmd kills its HealthCheckProgram after 60 s, so the
+    check must give up on nvidia-smi itself, drain, and not start a second one behind the first."""
+    cluster.fake_gpus("gpu02", hang=True)
+    want = f"gpu_health: nvidia-smi hung > {SMI_TIMEOUT_S} s"
+    nodes = cluster.wait("hung drain", lambda: (lambda n: n.get("gpu-b02", {}).get("Reason") == want and n)(cluster.nodes()), 20) \
+        or cluster.nodes()
+    ladder.check("real_slurm/gpu_health: nvidia-smi that never returns (ignores SIGTERM): the node is drained within seconds, "
+                 "not killed with its check by slurmd after 60 s",
+                 "DRAIN" in nodes.get("gpu-b02", {}).get("State", "") and nodes["gpu-b02"].get("Reason") == want,
+                 json.dumps({k: nodes.get("gpu-b02", {}).get(k) for k in ("State", "Reason")}) + "\n" + cluster.logs(5))
+    time.sleep(5)  # two more checks
+    hung = cluster.hung_smi_pids("gpu02")
+    ladder.check("real_slurm/gpu_health: ... and the checks after it start no second nvidia-smi behind the hung one",
+                 len(hung) == 1, f"hung stand-ins: {hung}")
+    for pid in hung:
+        os.kill(pid, signal.SIGKILL)
+    cluster.fake_gpus("gpu02", warning="WARNING: infoROM is corrupted at gpu 0000:17:00.0")
+    nodes = cluster.wait_nodes(["gpu-b02"], timeout_s=20)
+    time.sleep(4)
+    nodes = cluster.nodes()
+    ladder.check("real_slurm/gpu_health: once nvidia-smi answers again the node is resumed, and its warning on stderr (infoROM) "
+                 "is not taken for a GPU", nodes.get("gpu-b02", {}).get("State") == "IDLE",
+                 json.dumps({k: nodes.get("gpu-b02", {}).get(k) for k in ("State", "Reason")}))
+    cluster.fake_gpus("gpu02")
 
 
 def configless(ladder, venv: Path, cluster: RealSlurm) -> None:

@@ -48,3 +48,15 @@ def test_no_gpu_is_not_ok(tmp_path: Path) -> None:
 def test_no_libcuda_is_data_not_a_failure(tmp_path: Path) -> None:
     result = run_module(tmp_path, str(tmp_path / "absent" / "libcuda.so.1"))
     assert not result.get("failed") and result["library"] is False and result["ok"] is False
+
+
+@pytest.mark.parametrize("code, name", [(2, "CUDA_ERROR_OUT_OF_MEMORY (2)"), (46, "CUDA_ERROR_DEVICES_UNAVAILABLE (46)")])
+def test_gpus_in_use_are_busy_not_broken(tmp_path: Path, code: int, name: str) -> None:
+    """A node in service: its GPUs' memory is taken (2) or exclusive-process mode holds them (46)."""
+    result = run_module(tmp_path, str(libcuda_elf.build(tmp_path / "libcuda.so.1", ctx_rc=code, devices=2)))
+    assert result["ok"] is False and result["busy"] is True and result["error"] == name
+
+
+def test_fabric_failure_is_not_busy(tmp_path: Path) -> None:
+    result = run_module(tmp_path, str(libcuda_elf.build(tmp_path / "libcuda.so.1", ctx_rc=802, devices=2)))
+    assert result["busy"] is False

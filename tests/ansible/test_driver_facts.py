@@ -45,6 +45,11 @@ def test_no_loaded_driver_is_data() -> None:
     assert facts.parse_loaded("") == {"version": "", "flavor": ""}
 
 
+def test_a_version_file_that_names_no_version_has_no_flavour() -> None:
+    # Not "proprietary": a text without a version says nothing about the flavour either.
+    assert facts.parse_loaded("NVRM: something else entirely\n") == {"version": "", "flavor": ""}
+
+
 @pytest.mark.parametrize("name, expected", [
     ("modinfo-open.txt", {"version": "570.172.08", "flavor": "open"}),
     ("modinfo-proprietary.txt", {"version": "550.163.01", "flavor": "proprietary"}),
@@ -128,7 +133,7 @@ def test_module_reports_loaded_installed_and_built_for_a_kernel(node: dict) -> N
     assert result["driver_version"] == "570.172.08" and result["stream"] == "570-open"
     assert result["packages"]["nvidia-container-toolkit"] == "1.17.7"
     assert [(Path(m["path"]).name, m["version"], m["flavor"]) for m in result["modules"]] == [("nvidia.ko.xz", "570.172.08", "open")]
-    assert result["module_built"] is True
+    assert result["built"] == ["570.172.08 open"] and result["module_built"] is True and result["version_mismatch"] is False
 
 
 def test_module_asked_for_the_kernel_the_node_will_boot(node: dict) -> None:
@@ -139,9 +144,44 @@ def test_module_asked_for_the_kernel_the_node_will_boot(node: dict) -> None:
     assert result["module_built"] is False
 
 
-def test_module_defaults_to_the_running_kernel(node: dict) -> None:
+def test_module_defaults_to_the_running_kernel_on_the_live_root(node: dict) -> None:
+    stand_in(node["bin"], "rpm", "exit 0\n")  # any root: no packages
+    result = run_module(node, root="/", loaded_version_file=str(CANNED / "proc-version-open.txt"))
+    assert not result.get("failed") and result["kernel"] == os.uname().release
+
+
+def test_an_image_root_without_a_kernel_is_refused(node: dict) -> None:
+    # The running kernel is the build host's: meaningless for an image root.
     result = run_module(node, loaded_version_file=str(CANNED / "proc-version-open.txt"))
-    assert result["kernel"] == os.uname().release
+    assert result["failed"] is True and result["msg"] == (
+        f"nvidia_driver_facts: root {node['root']} is not /, so kernel must be given (the running kernel is this host's, not "
+        "the root's)")
+
+
+@pytest.mark.parametrize("kernel", ["../../etc", "5.14.0/../../x", "", "."])
+def test_a_kernel_that_is_not_a_release_is_refused(node: dict, kernel: str) -> None:
+    result = run_module(node, kernel=kernel, root="/")
+    assert result["failed"] is True and "kernel must be a kernel release as uname -r prints it" in result["msg"]
+
+
+def test_kmod_packages_without_both_flavours_is_refused(node: dict) -> None:
+    result = run_module(node, kernel=KERNEL, kmod_packages={"open": "kmod-nvidia-open-dkms"})
+    assert result["failed"] is True and "traceback" not in json.dumps(result).lower()
+    assert result["msg"].startswith("nvidia_driver_facts: kmod_packages must name the package of both flavours")
+
+
+def test_kmod_and_userspace_at_other_versions_is_a_mismatch(node: dict) -> None:
+    node["rpm_list"].write_text("nvidia-driver-cuda 570.172.08\nkmod-nvidia-open-dkms 570.133.20\n")
+    result = run_module(node, kernel=KERNEL)
+    assert result["version_mismatch"] is True and result["installed"]["version"] == "570.133.20"
+    assert result["driver_version"] == "570.172.08"
+
+
+def test_precompiled_kmods_are_reported(node: dict) -> None:
+    node["rpm_list"].write_text("nvidia-driver-cuda 570.172.08\nkmod-nvidia-570.172.08-5.14.0-503.11.1 570.172.08\n")
+    result = run_module(node, kernel=KERNEL)
+    assert result["precompiled"] == ["kmod-nvidia-570.172.08-5.14.0-503.11.1"] and result["installed"]["flavor"] == ""
+    assert result["version_mismatch"] is False
 
 
 def test_no_driver_at_all_is_data_not_a_failure(node: dict) -> None:
@@ -151,6 +191,7 @@ def test_no_driver_at_all_is_data_not_a_failure(node: dict) -> None:
     assert result["loaded"] == {"version": "", "flavor": ""}
     assert result["installed"] == {"version": "", "flavor": "", "fabricmanager": False}
     assert result["modules"] == [] and result["module_built"] is False and result["driver_version"] == ""
+    assert result["built"] == [] and result["precompiled"] == [] and result["version_mismatch"] is False
 
 
 def test_rpm_failure_is_a_failure_with_the_reason(node: dict) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,26 @@ def test_reboots_are_opt_in_after_a_drain_and_a_built_module() -> None:
 
 def test_no_collections_are_required() -> None:
     assert not (ANSIBLE / "requirements.yml").exists() and not (ANSIBLE / "collections").exists()
+
+
+def test_classic_slurm_conf_hosts_get_the_keys(tmp_path: Path) -> None:
+    """Every host that reads a slurm.conf of its own gets the keys and the NodeName file (classic Slurm): besides the
+    login and GPU nodes, the hosts of group slurm_gpu_node_conf_hosts (CPU-only nodes, other submit hosts), which
+    the example inventory defines empty. Asked of ansible-playbook --list-hosts, the plays' own host patterns."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "controller": {"hosts": {"ctl": None}}, "login": {"hosts": {"login1": None}},
+        "gpu_nodes": {"hosts": {"gpu1": None}}, "slurm_gpu_node_conf_hosts": {"hosts": {"cpu1": None, "submit2": None}}}}}))
+    result = subprocess.run(["ansible-playbook", "-i", str(inventory), "--list-hosts", str(ANSIBLE / "gpu_nodes.yml")],
+                            capture_output=True, text=True, cwd=ANSIBLE)
+    assert result.returncode == 0, result.stderr
+    plays = {}
+    for block in re.split(r"\n(?=  play #)", result.stdout):
+        name = re.search(r"play #\d+ \([^)]*\): (.*?)\s+TAGS:", block)
+        if name:
+            plays[name.group(1)] = set(re.findall(r"^\s{6}(\S+)$", block, re.M))
+    classic = [hosts for name, hosts in plays.items() if "slurm.conf keys" in name or "Restart slurmd" in name]
+    assert len(classic) == 2 and all(hosts == {"login1", "gpu1", "cpu1", "submit2"} for hosts in classic), plays
+    assert plays["Install the NVIDIA driver, one batch of nodes at a time"] == {"gpu1"}
+    example = yaml.safe_load((ANSIBLE / "inventories" / "example" / "hosts.yml").read_text())
+    assert "slurm_gpu_node_conf_hosts" in example["all"]["children"]

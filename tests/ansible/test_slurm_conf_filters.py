@@ -92,3 +92,33 @@ def test_configless_gres_lines_must_name_the_node() -> None:
     unqualified = "Name=gpu Type=h100 File=/dev/nvidia[0-7]\n"
     assert conf.slurm_conf_problems(GOOD, NODES, unqualified, "hpc-train-gpu-nodes.conf", "gpu01", True) == [
         "its gres.conf has no GPU lines for gpu01"]
+
+
+@pytest.mark.parametrize("site, keys", [
+    ({"propagateresourcelimits": "ALL"}, {"PropagateResourceLimitsExcept": "MEMLOCK", "PropagateResourceLimits": None}),
+    ({}, {"PropagateResourceLimitsExcept": "MEMLOCK", "PropagateResourceLimits": None}),
+    ({"propagateresourcelimitsexcept": "CORE"}, {"PropagateResourceLimitsExcept": "CORE,MEMLOCK", "PropagateResourceLimits": None}),
+    # The site's allow-list stays an allow-list: it loses MEMLOCK (it does not become "everything but MEMLOCK").
+    ({"propagateresourcelimits": "MEMLOCK,STACK"}, {"PropagateResourceLimits": "STACK"}),
+    ({"propagateresourcelimits": "memlock"}, {"PropagateResourceLimits": "NONE"}),
+    ({"propagateresourcelimits": "STACK"}, {}),
+    ({"propagateresourcelimitsexcept": "MEMLOCK"}, {}),
+])
+def test_memlock_keys_keep_the_sites_choice(site: dict, keys: dict) -> None:
+    assert conf.slurm_memlock_keys(site) == keys
+    after = {k.lower(): v for k, v in {**site, **keys}.items() if v is not None}
+    assert not conf.slurm_memlock_propagated(after)
+
+
+def test_nodenames_expand_slurm_host_lists() -> None:
+    text = "NodeName=DEFAULT CPUs=8\nNodeName=gpu[01-03,07],login1 CPUs=64\n# NodeName=gpu99\nnodename=cpu-a[8-10] CPUs=4\n"
+    assert conf.slurm_conf_nodenames(text) == ["gpu01", "gpu02", "gpu03", "gpu07", "login1", "cpu-a8", "cpu-a9", "cpu-a10"]
+
+
+def test_a_gpu_node_slurm_conf_defines_itself_is_a_problem() -> None:
+    """Slurm ignores duplicate node records: the site's own line for gpu02 (no Gres) would win over the role's."""
+    site = GOOD + "NodeName=gpu[01-04] CPUs=96\n"
+    problems = conf.slurm_conf_problems(site, NODES, "Name=gpu Type=h100 File=/dev/nvidia[0-7]\n", "hpc-train-gpu-nodes.conf",
+                                        "gpu01")
+    assert problems == ["slurm.conf itself defines NodeName=gpu01, and Slurm ignores a later line for the same node, so the line "
+                        "of hpc-train-gpu-nodes.conf (its GPUs) is not used: remove gpu01 from slurm.conf's NodeName lines"]

@@ -40,7 +40,8 @@ DKMS_VERSION = "3.1.8"
 CUDA_VERSION = "12.8"
 NCCL_VERSION, NCCL_RELEASE = "2.26.5", "1+cuda12.8"
 NEWER_NCCL = ("2.27.3", "1+cuda12.9")  # on the mirror too: built for a newer CUDA than the stack's
-DCGM_VERSION = "3.3.9"
+DCGM_VERSION = "4.2.3"  # DCGM 4, split as NVIDIA ships it: -core and -cuda<major>
+DCGM3_VERSION = "3.3.9"  # the last DCGM 3 (datacenter-gpu-manager), still on the mirror as on NVIDIA's
 CONTAINER_TOOLKIT_VERSIONS = ["1.17.7", "1.17.8"]  # not part of the driver: its security fixes must not be locked out
 PYTHON_PACKAGE = "python3.11"
 # Scriptlets run under this shell inside the root; the applets the dkms stand-in and the scriptlets use.
@@ -298,8 +299,13 @@ def main(out_dir: Path) -> dict:
             ])
             for version, release in ((NCCL_VERSION, NCCL_RELEASE), NEWER_NCCL)
         ] + [
+            Spec("fake-dcgm3", DCGM3_VERSION, "1", 1, "x86_64", [
+                SubPackage("datacenter-gpu-manager", files={"/usr/bin/dcgmi": "#!/bin/sh\necho 'dcgmi 3 stand-in'\n"}),
+            ]),
             Spec("fake-dcgm", DCGM_VERSION, "1", 1, "x86_64", [
-                SubPackage("datacenter-gpu-manager", files={
+                SubPackage("datacenter-gpu-manager-4-cuda12", requires=[f"datacenter-gpu-manager-4-core = 1:{DCGM_VERSION}-1"],
+                           files={"/usr/share/datacenter-gpu-manager-4/cuda12": "stand-in\n"}),
+                SubPackage("datacenter-gpu-manager-4-core", files={
                     "/usr/bin/dcgmi": "#!/bin/sh\necho 'dcgmi stand-in'\n",
                     "/usr/lib/systemd/system/nvidia-dcgm.service": textwrap.dedent("""\
                         [Unit]

@@ -11,7 +11,7 @@ The state lives in the JSON file named by $HPC_TRAIN_FAKE_SLURM:
                     the node into GRUB's default kernel (the root's grubby stand-in, else "kernel"): the driver loaded
                     is the nvidia.ko built for it in that root (none when there is none or module_loads is false), a
                     new boot id, and the node comes back DOWN (nextstate=DOWN) or in service (nextstate=RESUME)
-  units             {unit: active | inactive | failed}: the node's systemd units (systemctl)
+  units             {unit: active | inactive | failed}: the node's systemd units (systemctl); a failed one fails to start
 Every call is appended to "calls" with its time, so a test can check what was asked, and in which order relative to
 other changes. Only the invocations the roles make are understood; anything else exits 2.
 """
@@ -103,6 +103,9 @@ def systemctl(state: dict, args: list[str]) -> int:
         print(answer)
         return 1 if answer == "disabled" else 0
     if verb == "start" and unit_file:
+        if active == "failed":  # a unit that fails at start (its daemon exits): stays failed, as systemctl says
+            print(f"Job for {unit} failed because the control process exited with error code.", file=sys.stderr)
+            return 1
         units[unit] = "active"
         return 0
     if verb == "enable" and unit_file:

@@ -159,16 +159,29 @@ class RealSlurm:
             out.append(f"--- {log.name}\n" + "\n".join(text))
         return "\n".join(out)
 
-    def fake_gpus(self, host: str, **state) -> None:
+    def fake_gpus(self, host: str, driver: str = "570.172.08", **state) -> None:
         """The GPUs the health check on `host` sees: a stand-in nvidia-smi (bin/nvidia-smi-<host>) with its own state,
-        4 GPUs on driver 570.172.08 unless `state` says otherwise (gpus=3, gpu_fields={...})."""
+        4 GPUs on `driver` unless `state` says otherwise (gpus=3, gpu_fields={...}, hang=True, warning=...)."""
         loaded = self.base / f"driver-{host}"
-        loaded.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.172.08  Release Build  (stand-in)\n")
+        line = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {}  Release Build  (stand-in)\n"
+        loaded.write_text(line.format(driver))
         path = self.base / f"gpu-{host}.json"
         path.write_text(json.dumps({"loaded_version_file": str(loaded), "gpus": GPUS_PER_NODE, **state}))
         wrapper = self.base / "bin" / f"nvidia-smi-{host}"
         wrapper.write_text(f'#!/bin/sh\nHPC_TRAIN_FAKE_GPU={path} exec {HERE.parent / "fake_gpu" / "bin" / "nvidia-smi"} "$@"\n')
         wrapper.chmod(0o755)
+
+    def hung_smi_pids(self, host: str) -> list[int]:
+        """The stand-in nvidia-smi processes of `host` that hang (state hang=True): the check must not pile them up."""
+        marker = str(self.base / f"gpu-{host}.json")
+        pids = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and marker in (proc / "environ").read_bytes().decode(errors="replace"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+        return pids
 
     def calls(self) -> list[dict]:
         path = self.base / "systemctl-calls.jsonl"

@@ -5,14 +5,20 @@ nvidia-driver module stream is enabled), and which nvidia.ko modules are built f
 Read-only, so it runs in check mode too. "No driver" (nothing loaded, nothing installed, no module) is an answer,
 not a failure: empty strings and empty lists. The kernel defaults to the running one; pass the kernel a node will
 boot to ask whether the driver is built for it before rebooting into it.
+
+It runs on the node's own Python: EL7's 2.7 and EL8's platform-python 3.6 included (tests/ansible/test_target_python.py
+holds every module under library/ to that): no annotations, f-strings, star-unpacking displays, open(encoding=) or
+os.uname().release.
 """
 
-from __future__ import annotations
+from __future__ import absolute_import, division, print_function
 
+import io
 import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.six import string_types
 
 DOCUMENTATION = r"""
 module: nvidia_driver_facts
@@ -23,7 +29,7 @@ description:
   - A node without any driver gets empty values, never a failure.
 options:
   kernel:
-    description: Kernel (uname -r form) whose built modules are read; default the running kernel.
+    description: Kernel (uname -r form) whose built modules are read; default the running kernel (required when root is not /).
     type: str
   root:
     description: Root of the system (an image directory in image builds).
@@ -34,7 +40,7 @@ options:
     type: path
     default: /proc/driver/nvidia/version
   kmod_packages:
-    description: Kernel module package of each flavour (keys open and proprietary).
+    description: Kernel module package of each flavour (keys open and proprietary, both required).
     type: dict
   package_patterns:
     description: rpm name patterns of the driver's packages.
@@ -51,7 +57,10 @@ driver_version: {description: "Version of the driver's userspace package (nvidia
 stream: {description: The enabled nvidia-driver module stream, or empty., type: str, returned: always}
 packages: {description: "Installed packages matching package_patterns: name -> version.", type: dict, returned: always}
 modules: {description: "nvidia.ko modules built for the kernel: path, version, flavour.", type: list, returned: always}
+built: {description: "The same modules as 'version flavour' strings, for messages.", type: list, returned: always}
 module_built: {description: Whether a module of the installed version and flavour is built for the kernel., type: bool, returned: always}
+version_mismatch: {description: The kernel module package and the userspace driver are installed at different versions., type: bool, returned: always}
+precompiled: {description: "NVIDIA's precompiled kernel module packages installed (kmod-nvidia-<driver>-<kernel>), which DKMS does not build.", type: list, returned: always}
 """
 
 KMOD_PACKAGES = {"open": "kmod-nvidia-open-dkms", "proprietary": "kmod-nvidia-latest-dkms"}
@@ -61,62 +70,72 @@ LICENSE_FLAVOR = {"Dual MIT/GPL": "open", "NVIDIA": "proprietary"}
 # "NVIDIA UNIX Open Kernel Module for x86_64  570.172.08  Release Build ..." (open) or
 # "NVIDIA UNIX x86_64 Kernel Module  570.172.08  ..." (proprietary).
 LOADED_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+([0-9]+\.[0-9.]+)")
+# A kernel release as uname -r prints it: one path component, never "." or "..".
+KERNEL_RELEASE = re.compile(r"^[0-9][A-Za-z0-9._+~-]*$")
 
 
-def parse_loaded(text: str) -> dict:
+def parse_loaded(text):
     """The loaded driver from /proc/driver/nvidia/version's text ('' when no driver is loaded). The flavour is only
-    in this file: /sys/module/nvidia/version has the version alone, so a flavour switch would look loaded."""
+    in this file: /sys/module/nvidia/version has the version alone, so a flavour switch would look loaded. A text
+    that names no version has no flavour either ('' rather than a guess)."""
     match = LOADED_VERSION.search(text)
-    return {"version": match.group(1) if match else "",
-            "flavor": "" if not text else ("open" if "Open Kernel Module" in text else "proprietary")}
+    if not match:
+        return {"version": "", "flavor": ""}
+    return {"version": match.group(1), "flavor": "open" if "Open Kernel Module" in text else "proprietary"}
 
 
-def parse_stream(text: str) -> str:
+def parse_stream(text):
     """The enabled stream from /etc/dnf/modules.d/nvidia-driver.module ('' when the module is not enabled)."""
     match = re.search(r"^stream=(\S+)", text, re.M)
     return match.group(1) if match and "state=enabled" in text else ""
 
 
-def parse_modinfo(text: str) -> dict:
+def parse_modinfo(text):
     """version and flavour of one module from `modinfo <file>` (its license tells the flavour)."""
     fields = dict(re.findall(r"(?m)^(version|license):\s+(.*?)\s*$", text))
     licence = fields.get("license", "")
     return {"version": fields.get("version", ""), "flavor": LICENSE_FLAVOR.get(licence, licence)}
 
 
-def installed_driver(packages: dict, kmod_packages: dict) -> dict:
+def installed_driver(packages, kmod_packages):
     """The installed kernel module package's version and flavour (open first, as NVIDIA names it), and fabric manager."""
     flavor = next((f for f in ("open", "proprietary") if kmod_packages[f] in packages), "")
     return {"version": packages[kmod_packages[flavor]] if flavor else "", "flavor": flavor,
             "fabricmanager": "nvidia-fabric-manager" in packages}
 
 
-def driver_version(packages: dict) -> str:
+def driver_version(packages):
     """The driver's userspace version: nvidia-driver-cuda (EL8/9), else EL7's per-branch meta package, else nvidia-driver."""
-    meta = sorted(name for name in packages if re.fullmatch(r"nvidia-driver-branch-[0-9]+-cuda", name))
-    for name in ["nvidia-driver-cuda", *meta, "nvidia-driver"]:
+    meta = sorted(name for name in packages if re.match(r"^nvidia-driver-branch-[0-9]+-cuda$", name))
+    for name in ["nvidia-driver-cuda"] + meta + ["nvidia-driver"]:
         if name in packages:
             return packages[name]
     return ""
 
 
-def read_text(path: str) -> str:
+def precompiled_kmods(packages, kmod_packages):
+    """NVIDIA's precompiled (signed) kernel module packages, kmod-nvidia[-open]-<driver>-<kernel>: not DKMS's."""
+    dkms = set(kmod_packages.values())
+    return sorted(name for name in packages if re.match(r"^kmod-nvidia(-open)?-[0-9]", name) and name not in dkms)
+
+
+def read_text(path):
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
+        with io.open(path, encoding="utf-8", errors="replace") as handle:
             return handle.read()
-    except OSError:  # not there: no driver loaded, no module stream enabled
+    except (IOError, OSError):  # not there: no driver loaded, no module stream enabled
         return ""
 
 
-def read_packages(module: AnsibleModule, root: str, patterns: list) -> dict:
-    argv = [module.get_bin_path("rpm", required=True), "--root", root, "-qa", "--queryformat", "%{NAME} %{VERSION}\\n", *patterns]
+def read_packages(module, root, patterns):
+    argv = [module.get_bin_path("rpm", required=True), "--root", root, "-qa", "--queryformat", "%{NAME} %{VERSION}\\n"] + patterns
     rc, out, err = module.run_command(argv)
     if rc != 0:
-        module.fail_json(msg=f"nvidia_driver_facts: rpm could not list the installed packages under {root}: {err.strip()}")
+        module.fail_json(msg="nvidia_driver_facts: rpm could not list the installed packages under %s: %s" % (root, err.strip()))
     return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
 
 
-def built_modules(module: AnsibleModule, root: str, kernel: str) -> list:
+def built_modules(module, root, kernel):
     """Every nvidia.ko under <root>/lib/modules/<kernel> (extra/, updates/, DKMS's own dirs) that modinfo can read."""
     found = []
     for directory, _, files in os.walk(os.path.join(root, "lib/modules", kernel)):
@@ -126,11 +145,28 @@ def built_modules(module: AnsibleModule, root: str, kernel: str) -> list:
         rc, out, _ = module.run_command([module.get_bin_path("modinfo", required=True), path])
         info = parse_modinfo(out) if rc == 0 else {"version": ""}
         if info["version"]:
-            modules.append({"path": path, **info})
+            modules.append({"path": path, "version": info["version"], "flavor": info["flavor"]})
     return modules
 
 
-def main() -> None:
+def check_params(module):
+    """Bad arguments are refused with one line: a kernel that is not one path component, a root other than / without
+    a kernel (the build host's own kernel means nothing for an image), kmod_packages without both flavours."""
+    params = module.params
+    kernel, root = params["kernel"], params["root"]
+    if kernel is not None and not KERNEL_RELEASE.match(kernel):
+        module.fail_json(msg="nvidia_driver_facts: kernel must be a kernel release as uname -r prints it, got %r" % kernel)
+    if not kernel and os.path.normpath(root) != "/":
+        module.fail_json(msg="nvidia_driver_facts: root %s is not /, so kernel must be given (the running kernel is this "
+                             "host's, not the root's)" % root)
+    kmods = params["kmod_packages"] or KMOD_PACKAGES
+    if sorted(kmods) != ["open", "proprietary"] or not all(isinstance(v, string_types) and v for v in kmods.values()):
+        module.fail_json(msg="nvidia_driver_facts: kmod_packages must name the package of both flavours "
+                             "(keys open and proprietary), got %r" % (kmods,))
+    return kernel or os.uname()[2], kmods
+
+
+def main():
     module = AnsibleModule(
         argument_spec={
             "kernel": {"type": "str"},
@@ -142,16 +178,19 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    kernel = params["kernel"] or os.uname().release
-    kmod_packages = params["kmod_packages"] or KMOD_PACKAGES
+    kernel, kmod_packages = check_params(module)
     packages = read_packages(module, params["root"], params["package_patterns"])
     installed = installed_driver(packages, kmod_packages)
+    userspace = driver_version(packages)
     modules = built_modules(module, params["root"], kernel)
     module.exit_json(
         changed=False, kernel=kernel, loaded=parse_loaded(read_text(params["loaded_version_file"])), installed=installed,
-        driver_version=driver_version(packages), packages=packages,
+        driver_version=userspace, packages=packages,
+        # The kernel module package and the userspace driver at different versions (a half-done change by hand).
+        version_mismatch=bool(installed["version"] and userspace and installed["version"] != userspace),
+        precompiled=precompiled_kmods(packages, kmod_packages),
         stream=parse_stream(read_text(os.path.join(params["root"], "etc/dnf/modules.d/nvidia-driver.module"))),
-        modules=modules,
+        modules=modules, built=["%s %s" % (m["version"], m["flavor"]) for m in modules],
         # modules without a version were left out, so "no driver installed" is never "built"
         module_built=any((m["version"], m["flavor"]) == (installed["version"], installed["flavor"]) for m in modules),
     )

@@ -4,6 +4,8 @@
   text | slurm_conf_includes        the files named by Include lines, in order
   values | slurm_memlock_propagated  whether jobs inherit the submitting shell's MEMLOCK limit
   values | slurm_gres_types          the GresTypes list
+  values | slurm_memlock_keys        the propagation keys to set so MEMLOCK is not propagated, the site's choice kept
+  text | slurm_conf_nodenames        the NodeNames the NodeName lines of a slurm.conf define (ranges expanded)
   text | slurm_conf_problems(...)    what in the configuration a host reads keeps GPU jobs from working there
 
 Slurm's keys are case-insensitive; `#` starts a comment. Lines that define several things at once (NodeName=...,
@@ -43,6 +45,47 @@ def slurm_memlock_propagated(values: dict) -> bool:
     return bool(_names(values.get("propagateresourcelimits") or "ALL") & {"ALL", "MEMLOCK"})
 
 
+def slurm_memlock_keys(values: dict) -> dict:
+    """{key: value} to set so that jobs do not inherit the submitting shell's MEMLOCK, keeping what the site chose for
+    the other limits: an allow-list (PropagateResourceLimits=MEMLOCK,STACK) loses MEMLOCK (NONE when nothing is
+    left); otherwise PropagateResourceLimitsExcept gains it. A value of None means the key is to be removed."""
+    if not slurm_memlock_propagated(values):
+        return {}
+    allowed = _names(values.get("propagateresourcelimits") or "ALL")
+    if values.get("propagateresourcelimitsexcept") or "ALL" in allowed:
+        except_names = [n.strip() for n in values.get("propagateresourcelimitsexcept", "").split(",") if n.strip()]
+        return {"PropagateResourceLimitsExcept": ",".join(except_names + ["MEMLOCK"]), "PropagateResourceLimits": None}
+    kept = [n.strip() for n in values["propagateresourcelimits"].split(",") if n.strip() and n.strip().upper() != "MEMLOCK"]
+    return {"PropagateResourceLimits": ",".join(kept) or "NONE"}
+
+
+def _expand_hostlist(expression: str) -> list:
+    """Slurm's host list: "gpu[01-03,07],login1" -> gpu01 gpu02 gpu03 gpu07 login1 (one bracket per name)."""
+    names = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", expression):
+        match = re.fullmatch(r"(.*)\[([^\]]*)\](.*)", part)
+        if not match:
+            names.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            width = len(low)
+            for number in range(int(low), int(high or low) + 1):
+                names.append(f"{prefix}{number:0{width}d}{suffix}")
+    return names
+
+
+def slurm_conf_nodenames(text: str) -> list:
+    """The NodeNames defined by the NodeName= lines of `text` (NodeName=DEFAULT sets defaults, defines none)."""
+    found = []
+    for line in text.splitlines():
+        match = re.match(r"\s*NodeName\s*=\s*(\S+)", line.split("#", 1)[0], re.I)
+        if match and match.group(1).upper() != "DEFAULT":
+            found += _expand_hostlist(match.group(1))
+    return found
+
+
 def slurm_gres_types(values: dict) -> list:
     return [name.strip() for name in values.get("grestypes", "").split(",") if name.strip()]
 
@@ -66,6 +109,9 @@ def slurm_conf_problems(text: str, nodes_text: str, gres_text: str, nodes_file: 
     included = [path.rsplit("/", 1)[-1] for path in slurm_conf_includes(text)]
     if nodes_file not in included or not nodes_text:
         problems.append(f"it does not include {nodes_file} (the GPU nodes' NodeName lines)")
+    if node_name and node_name in slurm_conf_nodenames(text):
+        problems.append(f"slurm.conf itself defines NodeName={node_name}, and Slurm ignores a later line for the same node, so "
+                        f"the line of {nodes_file} (its GPUs) is not used: remove {node_name} from slurm.conf's NodeName lines")
     if node_name:
         name = re.escape(node_name)
         if nodes_text and not re.search(rf"(?m)^\s*NodeName={name}\s", nodes_text):
@@ -80,4 +126,5 @@ class FilterModule:
     def filters(self) -> dict:
         return {"slurm_conf_values": slurm_conf_values, "slurm_conf_includes": slurm_conf_includes,
                 "slurm_memlock_propagated": slurm_memlock_propagated, "slurm_gres_types": slurm_gres_types,
+                "slurm_memlock_keys": slurm_memlock_keys, "slurm_conf_nodenames": slurm_conf_nodenames,
                 "slurm_conf_problems": slurm_conf_problems}
