@@ -104,3 +104,22 @@ def test_progress_is_read_one_epoch_behind():
     progress.flush(wait=True)  # a checkpoint: everything
     assert this_epoch.waited and progress.nonfinite_at == "somewhere"
 
+
+
+def test_the_snapshot_an_evaluation_reads_is_the_live_model_in_both_stages(tmp_path):
+    # Stage 2 re-creates the classifier with the same shapes (crt_reinit): a snapshot that kept copying from the
+    # old tensors would evaluate stage 1's classifier for all of stage 2.
+    spec = make_spec(deep_update(HELD_OUT, two_stage={"crt_epochs": 2, "crt_reinit": True}))
+    trainer = _trainer(spec, tmp_path / "run")
+    begin, checked = trainer.evaluator.begin, []
+
+    def begin_and_compare(**kwargs):
+        pending = begin(**kwargs)
+        live = trainer.model.state_dict()
+        checked.append((kwargs["phase"], not _different(pending.model.state_dict(), live)))
+        return pending
+
+    trainer.evaluator.begin = begin_and_compare
+    trainer.fit()
+    assert [phase for phase, _ in checked] == ["main"] * 4 + ["crt"] * 2
+    assert all(same for _, same in checked), checked

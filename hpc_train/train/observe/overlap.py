@@ -42,7 +42,9 @@ class Snapshot:
         """The snapshot, now equal to ``model`` (queued on the current stream), in evaluation mode."""
         live = self._tensors(model)
         names = [(name, t.shape, t.dtype) for name, t in live]
-        if self.model is None or names != self._names:
+        # Same names and shapes are not enough: stage 2 replaces the classifier with a new module of the same
+        # shapes, and copying from the old tensors would evaluate stage 1's classifier for the rest of the run.
+        if self.model is None or names != self._names or any(a is not b for a, (_, b) in zip(self._pairs[1], live)):
             self.model = copy.deepcopy(model).eval().requires_grad_(False)
             self._names = names
             self._pairs = ([t for _, t in self._tensors(self.model)], [t for _, t in live])
