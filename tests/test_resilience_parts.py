@@ -107,6 +107,7 @@ def test_gpu_hours_count_every_launch_of_a_run_requeued_ones_included():
     ]
     assert launch_seconds(events) == 1800 + 1800
     assert gpus_of({"slurm.nodes": 2, "slurm.gpus_per_node": 4}) == 8 and gpus_of({"slurm.gpus_per_node": 0}) == 0
+    assert gpus_of({"slurm.nodes": 1, "slurm.gpus_per_node": 1, "slurm.pack": 2}) == 0.5  # two runs share one GPU
 
 
 @pytest.fixture

@@ -95,9 +95,11 @@ def launch_seconds(events: Sequence[Mapping[str, Any]], now: float | None = None
     return sum(end - start for start, end in spans.values())
 
 
-def gpus_of(config: Mapping[str, Any]) -> int:
-    """GPUs a run holds: nodes x GPUs per node (0 for CPU runs)."""
-    return int(config.get("slurm.nodes") or 1) * int(config.get("slurm.gpus_per_node") or 0)
+def gpus_of(config: Mapping[str, Any]) -> float:
+    """GPUs a run holds: nodes x GPUs per node (0 for CPU runs), shared by the ``slurm.pack`` runs packed into
+    one array task (they run side by side on its allocation)."""
+    gpus = int(config.get("slurm.nodes") or 1) * int(config.get("slurm.gpus_per_node") or 0)
+    return gpus / max(1, int(config.get("slurm.pack") or 1))
 
 
 def _gpu_hours(row: Mapping[str, Any]) -> str | None:
