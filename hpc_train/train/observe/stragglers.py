@@ -10,9 +10,11 @@ The times stay in a list on each rank (a clock read per step, no synchronisation
 medians are gathered in one all-gather on the ranks' CPU group, and rank 0 appends one record to metrics.jsonl:
 ``{"record": "rank_compute", "epoch", "global_step", "compute_ms": [per rank], "hosts": [per rank],
 "median_ms", "stragglers": [{"rank", "host", "ratio"}]}`` — a straggler is a rank slower than
-:data:`STRAGGLER_RATIO` × the median of the ranks. On CUDA the two moments are CUDA events (read at the epoch
-end, when the host has waited for the GPU anyway). Not measured: captured steps (CUDA graphs replay the whole
-step) and world size 1. Synchronised BatchNorm all-reduces inside the forward, so there a slow rank holds the
+:data:`STRAGGLER_RATIO` × the median of the ranks. On CUDA the two moments are CUDA events, read at the epoch
+end: there the host waits once per epoch for the epoch's GPU work (the one blocking read the lean epoch
+boundary keeps at world size > 1: a bubble of the next steps' launch time, no more). Not measured: captured
+steps (CUDA graphs replay the whole step), the SAM/ImbSAM step at world size > 1 (its all-reduce is its own,
+not DDP's) and world size 1. Synchronised BatchNorm all-reduces inside the forward, so there a slow rank holds the
 others' forward up too and the figures narrow.
 """
 
