@@ -86,6 +86,18 @@ def test_images_normalised_once_are_the_per_batch_normalisation(dtype):
         assert x.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
+def test_images_are_stored_in_the_amp_dtype_only_where_nothing_computes_with_them_first():
+    from hpc_train.train.loop.engine import stored_dtype
+
+    plain, mixed = make_spec(BF16).train, make_spec(deep_update(BF16, mixup_alpha=0.2)).train
+    plugin = make_spec(deep_update(BF16, model={"name": "tests.train.plugin_model:TinyNet"})).train
+    assert stored_dtype(plain, torch.bfloat16) == torch.bfloat16  # the first convolution casts to it anyway
+    assert stored_dtype(plain, None) == torch.float32
+    # Mixup mixes the stored images before that cast: bf16 would round them three times (a mix of bf16 values).
+    assert stored_dtype(mixed, torch.bfloat16) == torch.float32
+    assert stored_dtype(plugin, torch.bfloat16) == torch.float32  # a plug-in's first operation is unknown
+
+
 def test_the_classifier_runs_in_float32_under_amp_as_in_evaluation():
     from hpc_train.train.model.models import init_model
 

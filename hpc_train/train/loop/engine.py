@@ -58,8 +58,10 @@ log = logging.getLogger("hpc_train.train")
 def stored_dtype(cfg, amp_dtype: torch.dtype | None) -> torch.dtype:
     """What in-memory images are stored in: the AMP dtype where the model's first layer (a convolution of a
     built-in model) casts its input to it anyway — bit for bit the same values, half the bytes, no cast per
-    step — else float32. A plug-in model's first operation is unknown: float32."""
-    return amp_dtype if amp_dtype is not None and not is_import_path(cfg.model.name) else torch.float32
+    step — else float32. A plug-in model's first operation is unknown, and mixup computes with the images
+    before that cast (bf16 would round them three times): float32."""
+    lossless = amp_dtype is not None and not is_import_path(cfg.model.name) and not cfg.mixup_alpha
+    return amp_dtype if lossless else torch.float32
 
 
 class Trainer(EpochBoundary):
