@@ -79,3 +79,20 @@ def test_status_lists_an_unreadable_run_beside_the_others_and_cancel_refuses_it(
         assert statuses[f"group/{name}"]["state"] == "unknown" and "slurm_state" not in statuses[f"group/{name}"]
         assert statuses[f"group/{name}"]["reason"].startswith("run.json unreadable")
     assert_refused(cli("cancel", "group/empty", cwd=tmp_path, env=env), "run.json unreadable (not a run record)")
+
+
+def test_runs_are_listed_oldest_submission_first_and_a_sweeps_points_in_order(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("HPC_TRAIN_STATE_DIR", str(tmp_path / "state"))
+    root = tmp_path / "runs"
+    sweep = {name: make_run(root, name) for name in ("7_10", "7_2", "7_1", "7_0")}
+    for run_dir in sweep.values():  # one submission: the same second
+        (run_dir / "run.json").write_text(json.dumps({"job_id": run_dir.name, "submitted_at": "2026-12-01T10:00:00+00:00"}))
+    later = make_run(root, "8")
+    (later / "run.json").write_text(json.dumps({"job_id": "8", "submitted_at": "2026-12-01T11:00:00+00:00"}))
+    # The ranks' writes move a directory's mtime: the points last written to must not move up or down the list.
+    for seconds, run_dir in enumerate([later, sweep["7_1"], sweep["7_0"], sweep["7_10"], sweep["7_2"]]):
+        os.utime(run_dir, (1_000_000 + seconds, 1_000_000 + seconds))
+    listed = [run.run_dir.name for run in run_index.all_runs(root)]
+    assert listed == ["7_0", "7_1", "7_2", "7_10", "8"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 import os
 import tempfile
 from dataclasses import dataclass
@@ -170,9 +171,20 @@ def _under(root: Path) -> list[Path]:
     return found
 
 
+def _submitted_order(run: Run) -> tuple[str, list[Any]]:
+    """Oldest submission first, a sweep's points in their order (``_2`` before ``_10``). The directory's mtime
+    moves whenever a rank writes a file into it, so packed points swapped places; it serves only a run without
+    a ``submitted_at`` (a plain ``sbatch`` of a rendered script)."""
+    import datetime as _dt
+
+    when = str(run.record.get("submitted_at") or "") or _dt.datetime.fromtimestamp(
+        run.run_dir.stat().st_mtime, _dt.timezone.utc).isoformat(timespec="seconds")
+    return when, [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", run.name)]
+
+
 def _sorted_runs(paths: list[Path]) -> list[Run]:
     unique = list(dict.fromkeys(p.resolve() for p in paths))
-    return sorted((load_run(p) for p in unique), key=lambda r: (r.run_dir.stat().st_mtime, r.name))
+    return sorted((load_run(p) for p in unique), key=_submitted_order)
 
 
 def all_runs(root: Path) -> list[Run]:
