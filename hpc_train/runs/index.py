@@ -11,10 +11,11 @@ the root and the indexed runs submitted from this directory; a name or id is fou
 
 from __future__ import annotations
 
+import datetime as _dt
 import fcntl
 import json
-import re
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from ..errors import ConfigError
 from . import rundir
 
 STATE_DIR_ENV = "HPC_TRAIN_STATE_DIR"
+_DIGITS = re.compile(r"(\d+)")  # a run name's numbers, compared as numbers (order_key)
 
 
 @dataclass(frozen=True)
@@ -171,20 +173,19 @@ def _under(root: Path) -> list[Path]:
     return found
 
 
-def _submitted_order(run: Run) -> tuple[str, list[Any]]:
-    """Oldest submission first, a sweep's points in their order (``_2`` before ``_10``). The directory's mtime
-    moves whenever a rank writes a file into it, so packed points swapped places; it serves only a run without
-    a ``submitted_at`` (a plain ``sbatch`` of a rendered script)."""
-    import datetime as _dt
-
+def order_key(run: Run) -> tuple[Any, ...]:
+    """The order ``status`` and ``report`` list runs in: oldest submission first, a sweep's points by number
+    (``_10`` after ``_9``). A run's directory mtime moves whenever a rank writes into it, so it only dates a run
+    without ``submitted_at`` (a plain ``sbatch`` of a rendered script)."""
     when = str(run.record.get("submitted_at") or "") or _dt.datetime.fromtimestamp(
         run.run_dir.stat().st_mtime, _dt.timezone.utc).isoformat(timespec="seconds")
-    return when, [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", run.name)]
+    name = tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(run.run_dir.name))
+    return when, run.run_dir.parent.name, name
 
 
 def _sorted_runs(paths: list[Path]) -> list[Run]:
     unique = list(dict.fromkeys(p.resolve() for p in paths))
-    return sorted((load_run(p) for p in unique), key=_submitted_order)
+    return sorted((load_run(p) for p in unique), key=order_key)
 
 
 def all_runs(root: Path) -> list[Run]:

@@ -3,8 +3,8 @@ local sweep's ``local-<time>-<pid>_<point>`` — found by any name a user gives 
 ``submit`` prints it, the array id), in sweep order, and summed up per state.
 
 The run directory's name says which sweep a run belongs to and which point it is, for runs of every version;
-:func:`order_key` is the order ``report`` and ``status`` list runs in (points by number, not as text: ``_10``
-after ``_9``).
+The order ``report`` and ``status`` list runs in (points by number, not as text: ``_10`` after ``_9``) is
+:func:`~.index.order_key`, beside the listing that sorts by it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from . import rundir
 from .index import Run, all_runs, resolve_run
 
 _POINT = re.compile(r"(?P<prefix>.+)_(?P<point>\d+)\Z")
-_DIGITS = re.compile(r"(\d+)")
 
 
 def point_of(run: Run) -> tuple[str, int] | None:
@@ -30,12 +29,6 @@ def sweep_name(run: Run) -> str | None:
     """``NAME/<id>_*``: the sweep's name, as ``submit`` prints it."""
     found = point_of(run)
     return f"{run.run_dir.parent.name}/{found[0]}_*" if found else None
-
-
-def order_key(run: Run) -> tuple[Any, ...]:
-    """Runs in the order they were submitted, and the points of a sweep by number."""
-    name = tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(run.run_dir.name))
-    return (str(run.record.get("submitted_at") or ""), run.run_dir.parent.name, name)
 
 
 def points(of: Run, runs: Sequence[Run]) -> list[Run]:
