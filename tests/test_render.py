@@ -1,7 +1,6 @@
 """render_sbatch: golden files, shell validity, hostile values, site templates, template errors."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -107,8 +107,7 @@ def heartbeat(step: int, *, epoch: int | None = None, phase: str = "train") -> b
     steps with the global step. The first call arms the launcher's watchdog for this rank (and registers the
     stack dump); without any call the watchdog stays off for your job. Outside an hpc-train launch (no
     ``HPC_TRAIN_RUN_DIR``) it does nothing and returns False."""
-    global _current
-    if _current is None:
+    if _current is None:  # start() sets it
         run_dir = os.environ.get(rundir.RUN_DIR_ENV)
         if not run_dir:
             return False

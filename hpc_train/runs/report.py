@@ -12,17 +12,18 @@ runs are still going. Torch-free and numpy-free.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
 from . import rundir
-from .index import Run, all_runs, is_run_dir, load_run
-from .sweeps import order_key
+from .index import Run, all_runs, is_run_dir, load_run, order_key
 
 @dataclass(frozen=True)
 class Column:
@@ -69,9 +70,6 @@ class RunResult:
 def launch_seconds(events: Sequence[Mapping[str, Any]], now: float | None = None) -> float:
     """Wall seconds of every launch a run's state log records: from each launcher's ``running`` to that launch's
     last line (its ``exit``, or whatever it wrote last when it was killed); a launch still running counts to now."""
-    import datetime as _dt
-    import time
-
     def stamp(event: Mapping[str, Any]) -> float | None:
         try:
             return _dt.datetime.fromisoformat(str(event["time"])).timestamp()

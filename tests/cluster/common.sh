@@ -46,10 +46,12 @@ NODELIST="gpu[01-$(printf '%02d' "$NNODES")]"
 # 3-node shape of slurm_cluster_3 stopped by a 2-node slurm-down must not leave gpu03's netns and veth).
 stop_nodes() {
     local ns
-    printf '%s\n' "${NODES[@]}"
-    while read -r ns _; do
-        [[ $ns =~ ^hpctrain-(gpu[0-9][0-9])$ ]] && echo "${BASH_REMATCH[1]}"
-    done < <(ip netns list 2>/dev/null || true)
+    {
+        printf '%s\n' "${NODES[@]}"
+        while read -r ns _; do
+            if [[ $ns =~ ^hpctrain-(gpu[0-9][0-9])$ ]]; then echo "${BASH_REMATCH[1]}"; fi
+        done < <(ip netns list 2>/dev/null || true)
+    } | sort -u
 }
 
 netns_of() { echo "hpctrain-$1"; }   # netns name of node $1
@@ -148,7 +150,7 @@ daemon_pidfiles() {
     echo "$BASE/mysql/run/mysqld.pid:mariadbd"
     echo "$BASE/run/slurmdbd.pid:slurmdbd"
     echo "$BASE/run/slurmctld.pid:slurmctld"
-    for n in $(stop_nodes | sort -u); do echo "$BASE/run/slurmd-$n.pid:slurmd"; done
+    for n in $(stop_nodes); do echo "$BASE/run/slurmd-$n.pid:slurmd"; done
 }
 
 # PIDs of processes that belong to this cluster even when their pid file is gone:
@@ -191,7 +193,7 @@ have_link() { ip link show "$1" >/dev/null 2>&1; }
 anything_left() {
     local n spec
     have_link "$BR" && return 0
-    for n in $(stop_nodes | sort -u); do
+    for n in $(stop_nodes); do
         have_netns "$(netns_of "$n")" && return 0
         have_link "$(veth_of "$n")" && return 0
     done
@@ -234,7 +236,7 @@ stop_cluster() {
     #    the node namespaces (slurmstepd, job tasks).
     pids=("${node_pids[@]}" "${ctl[@]}")
     if ((${#pids[@]} > 0)); then stop_pids "${pids[@]}"; log "slurmd + slurmctld stopped (${pids[*]})"; fi
-    for n in $(stop_nodes | sort -u); do
+    for n in $(stop_nodes); do
         ns=$(netns_of "$n")
         have_netns "$ns" || continue
         mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
@@ -258,7 +260,7 @@ stop_cluster() {
     fi
 
     # 4. Network: veth first (synchronous), then the namespaces and the bridge.
-    for n in $(stop_nodes | sort -u); do
+    for n in $(stop_nodes); do
         have_link "$(veth_of "$n")" && ip link del "$(veth_of "$n")"
         have_netns "$(netns_of "$n")" && ip netns del "$(netns_of "$n")"
     done

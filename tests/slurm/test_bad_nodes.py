@@ -6,7 +6,6 @@ every epoch; a 25-point sweep becomes three job arrays that ``status``, ``cancel
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
