@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
-from . import CONTEXT, cli
+from .group import CONTEXT, cli
 from .options import (WithCommand, echo_json, job_options, resolve, runs_root, simulate_options, sweep_options,
                       write_output)
 
