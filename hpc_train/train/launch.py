@@ -28,7 +28,7 @@ from ..config.plugins import is_import_path
 from ..errors import ConfigError
 from ..rank import heartbeat, preempt
 from ..rank.dist import DistEnv, init_process_group
-from ..rank.lifecycle import RunOutcome
+from ..rank.outcome import RunOutcome
 from ..runs import rundir
 
 log = logging.getLogger("hpc_train.train")
