@@ -3,6 +3,8 @@ package registers every command module's commands on the group, and ``from hpc_t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib import import_module
 
 import click
@@ -40,6 +42,15 @@ def test_every_command_a_module_defines_is_on_the_group(module_name):
 def test_every_command_on_the_group_comes_from_a_command_module():
     modules = {c.callback.__module__ for c in _reachable(cli)[1:]}
     assert modules == {f"hpc_train.cli.{name}" for name in COMMAND_MODULES}
+
+
+def test_importing_the_package_alone_registers_every_command_module():
+    # In a fresh interpreter: here the tests above have imported every command module themselves.
+    code = ("import hpc_train.cli as c\n"
+            "def walk(cmd): return [cmd] + [x for sub in getattr(cmd, 'commands', {}).values() for x in walk(sub)]\n"
+            "print(' '.join(sorted({x.callback.__module__ for x in walk(c.cli)[1:]})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == [f"hpc_train.cli.{name}" for name in COMMAND_MODULES]
 
 
 def test_main_exits_with_the_commands_code(capsys):
