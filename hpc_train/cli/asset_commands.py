@@ -10,7 +10,7 @@ from typing import Callable
 import click
 
 from ..errors import ConfigError
-from . import CONTEXT, Group, cli
+from .group import CONTEXT, Group, cli
 
 
 def _export_tree(source: Path, dest: Path, force: bool) -> list[Path]:

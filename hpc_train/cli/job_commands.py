@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
-from . import CONTEXT, cli
+from .group import CONTEXT, cli
 from .options import (WithCommand, echo_json, job_options, resolve, runs_root, simulate_options, sweep_options,
                       write_output)
 
@@ -52,7 +52,7 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
     Slurm here: the script and the checks this machine can make, the verdict skipped, exit 0)."""
     import shutil
 
-    from ..config.plugins import check as check_plugins
+    from ..plugin_probe import probe_plugins
     from ..runs.submission import choose_cluster
     from ..slurm import submit as submit_mod
 
@@ -60,7 +60,7 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
     no_slurm = shutil.which("sbatch") is None
     slurm_script_here = no_slurm and (cluster == "slurm" or (cluster == "auto" and spec.slurm.nodes > 1))
     chosen, note = ("slurm", "") if slurm_script_here else choose_cluster(cluster, spec)  # type: ignore[arg-type]
-    for line in ([] if spec.command else check_plugins(spec.train)):  # imports the job's own modules
+    for line in ([] if spec.command else probe_plugins(spec.train)):  # imports the job's own modules
         click.echo(line, err=True)
     if chosen == "local":
         _local_plan(resolved, resume_dir, note)

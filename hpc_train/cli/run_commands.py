@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import ConfigError
-from . import CONTEXT, cli
+from .group import CONTEXT, cli
 from .options import echo_json, runs_dir_option, runs_root
 
 

@@ -12,26 +12,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 from ..runs import rundir
 from . import heartbeat, preempt
 from .dist import rank_and_host
+from .outcome import RunOutcome
 
 if TYPE_CHECKING:
     from ..config import JobSpec
 
 log = logging.getLogger("hpc_train.train")
-
-
-@dataclass
-class RunOutcome:
-    exit_code: int
-    run_dir: Path | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
-    message: str = ""
 
 
 def record_failure(run_dir: str | Path | None, reason: str, exit_code: int) -> None:

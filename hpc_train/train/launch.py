@@ -28,7 +28,7 @@ from ..config.plugins import is_import_path
 from ..errors import ConfigError
 from ..rank import heartbeat, preempt
 from ..rank.dist import DistEnv, init_process_group
-from ..rank.lifecycle import RunOutcome
+from ..rank.outcome import RunOutcome
 from ..runs import rundir
 
 log = logging.getLogger("hpc_train.train")
@@ -231,9 +231,9 @@ def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
     for loss in (t.loss, *((t.two_stage.crt_loss,) if t.two_stage.crt_epochs else ())):
         build_loss(loss, counts)
         if is_import_path(loss.name):  # a plug-in loss must give per-sample values (exit 2 otherwise)
-            from .model.plugins import probe_loss
+            from .model.losses import probe_plugin_loss
 
-            probe_loss(loss, counts)
+            probe_plugin_loss(loss, counts)
     steps = stage_sampler(t, data.train.labels, data.num_classes, "main").steps_per_epoch(t.batch_size)
     crt_steps = (stage_sampler(t, data.train.labels, data.num_classes, "crt").steps_per_epoch(t.batch_size)
                  if t.two_stage.crt_epochs else 0)

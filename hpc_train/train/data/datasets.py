@@ -22,6 +22,8 @@ import numpy as np
 
 from ...config import DataConfig
 from ...config.plugins import is_import_path
+from ...errors import ConfigError
+from ...plugin_loading import call as call_plugin
 from .file_sets import load_imagefolder, load_list, read_list_file, stage_list_files  # noqa: F401 (re-exported)
 from .sources import (IMAGENET_MEAN, IMAGENET_STD, ArraySplit, DataError, DataSource, FileSplit,  # noqa: F401
                       Split, holdout_indices, longtail_counts, longtail_indices, take, with_holdout)
@@ -265,11 +267,19 @@ DATASETS: dict[str, Loader] = {
 """The built-in data sets, by the names ``train.data.name`` takes (``config.DatasetName``: a test ties them)."""
 
 
+def load_plugin_data(cfg: DataConfig) -> DataSource:
+    """A plug-in data set (docs/training.md, Plug-ins): ``load(config=data_config, **args)`` returns a
+    :class:`DataSource` (``ArraySplit``: uint8 ``N×C×H×W`` in memory; ``FileSplit``: image files)."""
+    data = call_plugin(cfg.name, "data", dict(cfg.args), config=cfg)
+    if not isinstance(data, DataSource):
+        raise ConfigError(f"train.data.name: {cfg.name} returned {type(data).__name__}; a plug-in data set returns "
+                          "a hpc_train.train.data.datasets.DataSource")
+    return data
+
+
 def load(cfg: DataConfig, *, image_root: Path | None = None, download_ok: bool = True) -> DataSource:
-    """The data set ``cfg`` names: a built-in one, or a plug-in's (:mod:`..model.plugins`). ``image_root``
+    """The data set ``cfg`` names: a built-in one, or a plug-in's (:func:`load_plugin_data`). ``image_root``
     replaces ``cfg.root`` for list-file images (staging)."""
     if is_import_path(cfg.name):
-        from ..model.plugins import load_data
-
-        return load_data(cfg)
+        return load_plugin_data(cfg)
     return DATASETS[cfg.name](cfg, image_root, download_ok)

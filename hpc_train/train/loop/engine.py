@@ -38,7 +38,6 @@ from ..model import two_stage
 from ..model.batchnorm import broadcast_buffers, synchronise_batchnorm
 from ..model.losses import build_loss
 from ..model.models import LongTailNet, init_model
-from ..model.plugins import capture_check_required
 from ..observe import report
 from ..observe.evaluation import Evaluator
 from ..observe.pulse import Pulse
@@ -246,7 +245,7 @@ class Trainer(EpochBoundary):
         self.plan = None  # the plan's shapes are the phase's
         self.runner = graphs.CapturedSteps(self.step, self.device, agree=self.agreement.agree_all,
                                            before_capture=self.checkpointer.wait,
-                                           check=", ".join(capture_check_required(t)) or None,
+                                           check=", ".join(graphs.capture_check_required(t)) or None,
                                            warmup=graphs.warmup_steps(self.ctx.world_size)) if self.captured else None
 
     def _best_held_out_weights(self) -> dict[str, Any] | None:

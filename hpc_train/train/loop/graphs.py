@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from ...config import TrainConfig
+from ...config.plugins import in_use as plugins_in_use
 from .guard import NoHostSync
 from .step import TrainStep
 
@@ -38,6 +39,13 @@ log = logging.getLogger("hpc_train.train")
 WARMUP_STEPS = 3
 """Eager steps per batch shape before its capture with several ranks (PyTorch's example warms up with 3; DDP's
 notes ask for several before a capture)."""
+
+
+def capture_check_required(cfg: TrainConfig) -> list[str]:
+    """The plug-ins whose step is not known to be capture-safe: a plug-in model or loss. The captured step runs
+    them only after its capture check passed (their warm-up steps run under a recording host-sync guard, and a
+    value read back to the host there keeps the run eager, with one log line)."""
+    return [f"{kind} {name}" for kind, (name, _) in plugins_in_use(cfg).items() if kind in ("model", "loss")]
 
 
 def warmup_steps(world_size: int) -> int:

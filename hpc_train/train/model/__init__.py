@@ -1,3 +1,3 @@
-"""What is trained and how it is scored: models, losses, BatchNorm across ranks
-(batchnorm), two-stage methods (two_stage) and plug-ins (plugins).
+"""What is trained and how it is scored: models and losses (each with its plug-in
+adapter beside its registry), BatchNorm across ranks (batchnorm) and two-stage methods (two_stage).
 """

@@ -34,6 +34,8 @@ from torch import Tensor, nn
 
 from ...config import LossConfig
 from ...config.plugins import is_import_path
+from ...errors import ConfigError
+from ...plugin_loading import call as call_plugin
 
 
 def target_mask(target: Tensor, num_classes: int) -> Tensor:
@@ -319,13 +321,61 @@ LOSSES: dict[str, type[LongTailLoss]] = {
 """The built-in losses, by the names ``train.loss.name`` takes (``config.LossName``: a test ties them)."""
 
 
-def build_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1) -> LongTailLoss:
-    """The loss ``cfg`` names, a built-in one or a plug-in's per-sample loss (:mod:`.plugins`); ``world_size``:
-    the ranks whose gradients DDP averages (see the module docstring)."""
-    if is_import_path(cfg.name):
-        from .plugins import build_loss as build_plugin
+def build_plugin_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1) -> LongTailLoss:
+    """A plug-in loss (docs/training.md, Plug-ins): ``build(counts=[n_0, ...], **args)`` returns ``loss(logits,
+    target)`` giving *per-sample* values ``(batch,)``; weighted and normalised over the global batch here, as the
+    built-in losses are (:class:`LongTailLoss`), so the plug-in is right at any world size."""
+    function = call_plugin(cfg.name, "loss", dict(cfg.args), counts=[int(c) for c in counts])
+    if not callable(function):
+        raise ConfigError(f"train.loss.name: {cfg.name} returned {type(function).__name__}, not a loss(logits, target)")
 
-        return build_plugin(cfg, counts, world_size)
+    class Plugin(LongTailLoss):
+        """The user's per-sample loss, weighted by the class weight of each target (ones unless ``reweight`` or
+        DRW) and normalised over the global batch's summed weights (its size when unweighted)."""
+
+        def __init__(self) -> None:
+            super().__init__(counts, cfg, world_size)
+            self.function = function  # an nn.Module is registered (it follows .to(device))
+
+        def per_sample(self, logits: Tensor, target: Tensor) -> Tensor:
+            logits, weight = self._prepare(logits)
+            values = self.function(logits, target)
+            if not isinstance(values, Tensor) or values.shape != target.shape:
+                shape = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+                raise ConfigError(f"train.loss.name: {cfg.name} must return per-sample values of shape "
+                                  f"{tuple(target.shape)} (the trainer normalises over the global batch); got {shape}")
+            return values.to(logits.dtype) * weight[target]
+
+    return Plugin()
+
+
+PROBE_BATCH = 4
+
+
+def probe_plugin_loss(cfg: LossConfig, counts: Sequence[int]) -> str:
+    """Build a plug-in loss and call it on a batch of :data:`PROBE_BATCH` random logits, as the trainer does: it
+    must give per-sample values of shape ``(batch,)`` (a scalar — a mean over the batch — is refused, exit 2:
+    the trainer normalises over the global batch). Returns what it checked, for the dry run's line."""
+    loss = build_plugin_loss(cfg, counts)
+    classes = len(counts)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(PROBE_BATCH, classes, generator=generator)
+    target = torch.arange(PROBE_BATCH) % classes
+    try:
+        loss.per_sample(logits, target)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code: any failure is a configuration error
+        raise ConfigError(f"train.loss.name: {cfg.name} fails on a batch of {PROBE_BATCH} CPU logits "
+                          f"({type(exc).__name__}: {exc})") from None
+    return f"called on {PROBE_BATCH} x {classes} logits: per-sample values of shape ({PROBE_BATCH},)"
+
+
+def build_loss(cfg: LossConfig, counts: Sequence[int], world_size: int = 1) -> LongTailLoss:
+    """The loss ``cfg`` names, a built-in one or a plug-in's per-sample loss (:func:`build_plugin_loss`);
+    ``world_size``: the ranks whose gradients DDP averages (see the module docstring)."""
+    if is_import_path(cfg.name):
+        return build_plugin_loss(cfg, counts, world_size)
     return LOSSES[cfg.name](counts, cfg, world_size)
 
 

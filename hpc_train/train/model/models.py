@@ -28,6 +28,8 @@ from torch import Tensor, nn
 
 from ...config import ModelConfig, TrainConfig
 from ...config.plugins import is_import_path
+from ...errors import ConfigError
+from ...plugin_loading import call as call_plugin
 
 
 class NormedLinear(nn.Module):
@@ -192,12 +194,27 @@ MODELS: dict[str, Callable[[ModelConfig, int, int], LongTailNet]] = {
 each ``(model config, classes, input channels) -> LongTailNet``."""
 
 
-def build_model(cfg: ModelConfig, *, num_classes: int, in_channels: int) -> LongTailNet:
-    """The model ``cfg`` names: a built-in one, or a plug-in's (:mod:`.plugins`)."""
-    if is_import_path(cfg.name):
-        from .plugins import build_model as build_plugin
+def build_plugin_model(cfg: ModelConfig, *, num_classes: int, in_channels: int) -> LongTailNet:
+    """A plug-in model (docs/training.md, Plug-ins): ``build(num_classes=..., in_channels=..., **args)`` returns a
+    feature backbone, an ``nn.Module`` mapping images ``(N, C, H, W)`` to features ``(N, D)`` with ``D`` as its
+    ``feature_dim`` attribute, or the pair ``(module, D)``. The configured classifier (``model.classifier``:
+    linear or cosine) goes on top, so cRT, τ-normalisation and LDAM's cosine head work as with the built-in
+    models."""
+    made = call_plugin(cfg.name, "model", dict(cfg.args), num_classes=num_classes, in_channels=in_channels)
+    if isinstance(made, LongTailNet):
+        return made
+    backbone, feature_dim = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
+    feature_dim = feature_dim if feature_dim is not None else getattr(backbone, "feature_dim", None)
+    if not isinstance(backbone, nn.Module) or not isinstance(feature_dim, int) or feature_dim < 1:
+        raise ConfigError(f"train.model.name: {cfg.name} returned {type(made).__name__}; a plug-in model returns "
+                          "an nn.Module with an int feature_dim attribute, or (module, feature_dim)")
+    return LongTailNet(backbone, feature_dim, num_classes, cfg.classifier, kaiming=True)  # as before: no reference
 
-        return build_plugin(cfg, num_classes=num_classes, in_channels=in_channels)
+
+def build_model(cfg: ModelConfig, *, num_classes: int, in_channels: int) -> LongTailNet:
+    """The model ``cfg`` names: a built-in one, or a plug-in's (:func:`build_plugin_model`)."""
+    if is_import_path(cfg.name):
+        return build_plugin_model(cfg, num_classes=num_classes, in_channels=in_channels)
     return MODELS[cfg.name](cfg, num_classes, in_channels)
 
 
