@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hpc_train.local.watchdog import process_state
-from hpc_train.runs import heartbeats
+from hpc_train.runs import liveness
+from hpc_train.runs.liveness import process_state
 
 
-def wait_for_beats(run_dir: Path, ranks: int, timeout_s: float = 180) -> dict[int, heartbeats.Beat]:
+def wait_for_beats(run_dir: Path, ranks: int, timeout_s: float = 180) -> dict[int, liveness.Beat]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        beats = heartbeats.read_beats(run_dir)
+        beats = liveness.read_beats(run_dir)
         if len(beats) >= ranks:
             return beats
         time.sleep(0.3)
@@ -27,7 +27,7 @@ def wait_for_beats(run_dir: Path, ranks: int, timeout_s: float = 180) -> dict[in
 
 def stop_rank(run_dir: Path, rank: int) -> tuple[int, float]:
     """SIGSTOP one rank (by the pid its heartbeat names); (pid, when)."""
-    pid = heartbeats.read_beats(run_dir)[rank].pid
+    pid = liveness.read_beats(run_dir)[rank].pid
     os.kill(pid, signal.SIGSTOP)
     return pid, time.monotonic()
 

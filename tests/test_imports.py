@@ -7,7 +7,7 @@ import pytest
 
 
 @pytest.mark.parametrize("module", ["hpc_train.cli", "hpc_train.config", "hpc_train.render", "hpc_train.dist",
-                                    "hpc_train.slurm.submit", "hpc_train.command", "hpc_train.config.plugins",
+                                    "hpc_train.slurm.queue", "hpc_train.command", "hpc_train.config.plugins",
                                     "hpc_train.plugin_loading", "hpc_train.plugin_probe",
                                     "hpc_train.runs.report", "hpc_train.local.launcher", "hpc_train.local"])
 def test_no_heavy_imports(module):

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hpc_train.rank import heartbeat as hb
-from hpc_train.runs import heartbeats, rundir
+from hpc_train.runs import bad_nodes, liveness, rundir
 from hpc_train.runs.index import Run
 from hpc_train.runs.report import gpus_of, launch_seconds
 from hpc_train.runs.status import health
@@ -31,13 +31,13 @@ Current thread 0x00007f04d7848b80 (most recent call first):
 '''
 
 
-def beat(rank: int, n: int, step: int, phase: str = "train", when: float = 0.0, instance: str = "i") -> heartbeats.Beat:
-    return heartbeats.Beat(rank=rank, host=f"node{rank}", pid=100 + rank, instance=instance, beat=n, step=step,
+def beat(rank: int, n: int, step: int, phase: str = "train", when: float = 0.0, instance: str = "i") -> liveness.Beat:
+    return liveness.Beat(rank=rank, host=f"node{rank}", pid=100 + rank, instance=instance, beat=n, step=step,
                            epoch=1, phase=phase, time=when)
 
 
 def test_the_watchdog_arms_at_the_first_heartbeat_and_fires_only_when_no_rank_advanced():
-    watch = heartbeats.Watch(world_size=2, timeout_s=30, instance="i")
+    watch = liveness.Watch(world_size=2, timeout_s=30, instance="i")
     assert not watch.hung(now=1000)  # not armed: start-up is never a hang
     watch.update({0: beat(0, 1, 10)}, now=0)
     assert not watch.hung(now=29) and watch.hung(now=30)  # rank 1 never beat: silent since arming
@@ -46,24 +46,24 @@ def test_the_watchdog_arms_at_the_first_heartbeat_and_fires_only_when_no_rank_ad
     assert watch.stopped_first() == [1]  # least progress
     watch.update({0: beat(0, 9, 25), 1: beat(1, 1, 10)}, now=40)  # rank 0 still advances: not a hang yet
     assert not watch.hung(now=56) and watch.hung(now=70)
-    watch = heartbeats.Watch(world_size=2, timeout_s=30, instance="i")
+    watch = liveness.Watch(world_size=2, timeout_s=30, instance="i")
     watch.update({0: beat(0, 2, 20), 1: beat(1, 1, 10)}, now=25)
     watch.update({0: beat(0, 3, 20, phase="done")}, now=50)
     assert watch.waiting() == [1] and watch.hung(now=55)
     assert not watch.hung(now=55, ended=[1])  # every rank ended or done: nothing to wait for
-    off = heartbeats.Watch(world_size=1, timeout_s=0, instance="i")
+    off = liveness.Watch(world_size=1, timeout_s=0, instance="i")
     off.update({0: beat(0, 1, 1)}, now=0)
     assert not off.hung(now=10**6)
 
 
 def test_the_stack_reader_tells_a_rank_waiting_in_a_collective_from_one_busy_elsewhere():
-    frames = heartbeats.main_thread_frames(DUMP)
+    frames = liveness.main_thread_frames(DUMP)
     assert frames[0] == ("/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "_engine_run_backward")
-    assert heartbeats.busy_elsewhere(DUMP) is False
+    assert liveness.busy_elsewhere(DUMP) is False
     busy = DUMP.replace('"/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 829 in _engine_run_backward',
                         '"/work/mylab/losses.py", line 12 in blocking_loss')
-    assert heartbeats.busy_elsewhere(busy) is True
-    assert heartbeats.busy_elsewhere("no dump here") is None
+    assert liveness.busy_elsewhere(busy) is True
+    assert liveness.busy_elsewhere("no dump here") is None
 
 
 def test_heartbeats_are_written_at_most_once_per_interval_and_read_back(tmp_path, monkeypatch):
@@ -72,9 +72,9 @@ def test_heartbeats_are_written_at_most_once_per_interval_and_read_back(tmp_path
     beat_ = hb.Heartbeat(tmp_path, 3, host="gpu07", interval_s=60)
     assert beat_.beat(step=10, epoch=2) is True and beat_.beat(step=20, epoch=2) is False
     assert beat_.beat(step=30, epoch=2, phase="done", force=True) is True
-    (read,) = heartbeats.read_beats(tmp_path, "slurm:77.1").values()
+    (read,) = liveness.read_beats(tmp_path, "slurm:77.1").values()
     assert (read.rank, read.host, read.step, read.beat, read.phase) == (3, "gpu07", 30, 3, "done")
-    assert heartbeats.read_beats(tmp_path, "slurm:77.0") == {}  # an earlier launch's records are not this one's
+    assert liveness.read_beats(tmp_path, "slurm:77.0") == {}  # an earlier launch's records are not this one's
     assert hb.write_interval_s(900) == 30 and hb.write_interval_s(30) == 1.5 and hb.write_interval_s(0) == 30
 
 
@@ -93,7 +93,7 @@ def test_status_calls_a_run_stalled_after_a_third_of_the_hang_timeout(tmp_path):
     assert out["slowest_rank"]["rank"] == 1 and 1.5 < out["last_progress_s"] < 4
     (run_dir / "config.json").write_text(json.dumps({"slurm": {"hang_timeout_s": 900}}))  # threshold 300 s
     assert "reason" not in health(run, rundir.RUNNING, "")
-    assert heartbeats.stall_threshold_s(0) == 300 and heartbeats.stall_threshold_s(30) == 10
+    assert liveness.stall_threshold_s(0) == 300 and liveness.stall_threshold_s(30) == 10
 
 
 def test_gpu_hours_count_every_launch_of_a_run_requeued_ones_included():
@@ -133,10 +133,10 @@ def test_a_node_is_excluded_unless_too_few_would_remain(tmp_path, on_stub_path, 
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
     monkeypatch.setenv("SLURM_JOB_PARTITION", "gpu")
     assert watchdog.add_excluded(tmp_path, "gpu02", "hung") is True
-    assert watchdog.excluded_names(tmp_path) == ["gpu02"]
+    assert bad_nodes.excluded_names(tmp_path) == ["gpu02"]
     assert watchdog.add_excluded(tmp_path, "gpu01", "hung") is False  # one node left for a 2-node job
-    assert watchdog.excluded_names(tmp_path) == ["gpu02"]
-    entry = watchdog.excluded(tmp_path)[0]
+    assert bad_nodes.excluded_names(tmp_path) == ["gpu02"]
+    entry = bad_nodes.excluded(tmp_path)[0]
     assert entry["reason"] == "hung" and entry["node"] == "gpu02"
 
 

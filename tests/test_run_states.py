@@ -12,7 +12,7 @@ from hpc_train.config import NO_SITE, resolve_job
 from hpc_train.render import render_sbatch
 from hpc_train.runs import rundir
 from hpc_train.runs.status import reconcile
-from hpc_train.slurm.client import JobState
+from hpc_train.slurm.client import slurm_job
 
 
 def line(event, instance=None, **fields):
@@ -127,21 +127,21 @@ REQUEUED = rundir.RunState(state="requeued")
 
 
 @pytest.mark.parametrize("recorded,slurm,expected", [
-    (RUNNING, JobState("7", "TIMEOUT", exit_code="0:15"), ("failed", "time limit reached (Slurm: TIMEOUT 0:15)")),
-    (RUNNING, JobState("7", "OUT_OF_MEMORY", exit_code="0:125"), ("failed", "out of memory (Slurm: OUT_OF_MEMORY 0:125)")),
-    (RUNNING, JobState("7", "NODE_FAIL", exit_code="1:0"), ("failed", "a node failed (Slurm: NODE_FAIL 1:0)")),
-    (RUNNING, JobState("7", "CANCELLED", exit_code="0:0"), ("cancelled", "cancelled (Slurm: CANCELLED 0:0)")),
-    (PREEMPTED, JobState("7", "TIMEOUT", exit_code="0:15"), ("preempted", "checkpointed (Slurm: TIMEOUT 0:15)")),
-    (PREEMPTED, JobState("7", "FAILED", exit_code="75:0"), ("preempted", "checkpointed, not requeued")),
-    (FAILED_BY_RANK, JobState("7", "FAILED", exit_code="2:0"), ("failed", "bad data")),
-    (RUNNING, JobState("7", "FAILED", exit_code="1:0"), ("failed", "Slurm: FAILED 1:0")),
-    (rundir.RunState(state=None), JobState("7", "COMPLETED", exit_code="0:0"), ("completed", "")),
-    (REQUEUED, JobState("7", "PENDING", reason="BeginTime"), ("requeued", "BeginTime")),
-    (rundir.RunState(state="queued"), JobState("7", "PENDING", reason="Priority"), ("queued", "Priority")),
-    (REQUEUED, JobState("7", "RUNNING"), ("running", "")),
-    (FAILED_BY_RANK, JobState("7", "UNKNOWN", reason="not in squeue; sacct: Slurm accounting storage is disabled"),
+    (RUNNING, slurm_job("7", "TIMEOUT", exit_code="0:15"), ("failed", "time limit reached (Slurm: TIMEOUT 0:15)")),
+    (RUNNING, slurm_job("7", "OUT_OF_MEMORY", exit_code="0:125"), ("failed", "out of memory (Slurm: OUT_OF_MEMORY 0:125)")),
+    (RUNNING, slurm_job("7", "NODE_FAIL", exit_code="1:0"), ("failed", "a node failed (Slurm: NODE_FAIL 1:0)")),
+    (RUNNING, slurm_job("7", "CANCELLED", exit_code="0:0"), ("cancelled", "cancelled (Slurm: CANCELLED 0:0)")),
+    (PREEMPTED, slurm_job("7", "TIMEOUT", exit_code="0:15"), ("preempted", "checkpointed (Slurm: TIMEOUT 0:15)")),
+    (PREEMPTED, slurm_job("7", "FAILED", exit_code="75:0"), ("preempted", "checkpointed, not requeued")),
+    (FAILED_BY_RANK, slurm_job("7", "FAILED", exit_code="2:0"), ("failed", "bad data")),
+    (RUNNING, slurm_job("7", "FAILED", exit_code="1:0"), ("failed", "Slurm: FAILED 1:0")),
+    (rundir.RunState(state=None), slurm_job("7", "COMPLETED", exit_code="0:0"), ("completed", "")),
+    (REQUEUED, slurm_job("7", "PENDING", reason="BeginTime"), ("requeued", "BeginTime")),
+    (rundir.RunState(state="queued"), slurm_job("7", "PENDING", reason="Priority"), ("queued", "Priority")),
+    (REQUEUED, slurm_job("7", "RUNNING"), ("running", "")),
+    (FAILED_BY_RANK, slurm_job("7", "UNKNOWN", reason="not in squeue; sacct: Slurm accounting storage is disabled"),
      ("failed", "bad data")),
-    (rundir.RunState(state=None), JobState("7", "UNKNOWN", reason="not in squeue; sacct: Slurm accounting storage is "
+    (rundir.RunState(state=None), slurm_job("7", "UNKNOWN", reason="not in squeue; sacct: Slurm accounting storage is "
                                                                   "disabled"),
      ("unknown", "not in squeue; sacct: Slurm accounting storage is disabled")),
 ])

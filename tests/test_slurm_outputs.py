@@ -9,7 +9,7 @@ import pytest
 
 from hpc_train.errors import SubmitError
 from hpc_train.runs.index import Run
-from hpc_train.runs.status import first_failure, log_files
+from hpc_train.runs.status import first_failure, first_failure_in, log_files
 from hpc_train.slurm import client as slurm
 
 OUT = Path(__file__).parent / "slurm_outputs"
@@ -61,11 +61,11 @@ def test_a_timed_out_job_is_failed_with_the_reason_slurm_gives():
 
 
 def test_first_failing_rank_is_named_not_the_ranks_killed_after_it():
-    assert slurm.first_failure(text("batch-log-rank-3-failed.txt")) == "rank 3 on gpu02: Exited with exit code 7"
+    assert first_failure_in(text("batch-log-rank-3-failed.txt")) == "rank 3 on gpu02: Exited with exit code 7"
     # The local launcher writes the same line for local runs.
-    assert slurm.first_failure("12:00:01 hpc-train: error: vm: task 1: Exited with exit code 2\n") == \
+    assert first_failure_in("12:00:01 hpc-train: error: vm: task 1: Exited with exit code 2\n") == \
         "rank 1 on vm: Exited with exit code 2"
-    assert slurm.first_failure("srun: error: gpu01: tasks 0-1: Terminated\n") is None
+    assert first_failure_in("srun: error: gpu01: tasks 0-1: Terminated\n") is None
 
 
 @pytest.fixture

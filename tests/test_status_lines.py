@@ -14,7 +14,7 @@ from hpc_train.errors import JobFailedError
 from hpc_train.runs import report, rundir
 from hpc_train.runs.index import load_run
 from hpc_train.runs.submission import SubmitResult
-from hpc_train.slurm.submit import wait_for
+from hpc_train.front.follow import wait_for
 from tests.cli_helpers import cli
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ import pytest
 
 from hpc_train.config import NO_SITE, JobSources, resolve, sweep_points
 from hpc_train.errors import ConfigError
-from hpc_train.slurm.submit import render_plain
+from hpc_train.slurm.queue import render_plain
 
 
 def test_grid_of_two_axes():

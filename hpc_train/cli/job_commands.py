@@ -34,7 +34,7 @@ def render(output: Path | None, **kwargs: Any) -> None:
       hpc-train render --nodes 4 --gpus 8
       hpc-train render jobs/cifar10_lt_ldam_drw.yaml --set slurm.partition=a100 -o job.sbatch
     """
-    from ..slurm.submit import render_plain
+    from ..slurm.queue import render_plain
 
     resolved = resolve(kwargs)
     spec = resolved.spec
@@ -52,9 +52,9 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
     Slurm here: the script and the checks this machine can make, the verdict skipped, exit 0)."""
     import shutil
 
+    from ..front.submit import choose_cluster
     from ..plugin_probe import probe_plugins
-    from ..runs.submission import choose_cluster
-    from ..slurm import submit as submit_mod
+    from ..slurm import queue as slurm_queue
 
     spec = resolved.spec
     no_slurm = shutil.which("sbatch") is None
@@ -65,19 +65,19 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
     if chosen == "local":
         _local_plan(resolved, resume_dir, note)
         return
-    spec, sweep = submit_mod.with_site_gpu_flag(resolved)
-    script = submit_mod.dry_run_script(spec, resolved.sources, sweep=sweep, max_parallel=max_parallel,
+    spec, sweep = slurm_queue.with_site_gpu_flag(resolved)
+    script = slurm_queue.dry_run_script(spec, resolved.sources, sweep=sweep, max_parallel=max_parallel,
                                        resume_dir=resume_dir)
     click.echo(script, nl=False)
     if slurm_script_here:
         click.echo("no Slurm here: sbatch --test-only skipped", err=True)
         return
-    for line in submit_mod.preflight(spec, script):
+    for line in slurm_queue.preflight(spec, script):
         click.echo(f"preflight: {line}", err=True)
 
 
 def _local_plan(resolved: Any, resume_dir: Path | None, note: str) -> None:
-    from ..local import submit as local
+    from ..local import plan as local
     from ..runs import rundir
 
     spec = resolved.spec
@@ -131,10 +131,11 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
       hpc-train submit JOB.yaml --sweep train.loss.name=ce,balanced_softmax --max-parallel 1
       hpc-train submit --resume cifar10-lt/4242 --chain 3
     """
+    from ..front.follow import stream_rank0, wait_for
+    from ..front.status import run_state
+    from ..front.submit import submit as submit_job
     from ..runs.index import resolve_run
-    from ..runs.status import run_state
     from ..runs.submission import continued_job_file, resumable, shared_filesystem_warning
-    from ..slurm import submit as submit_mod
 
     resume_dir = None
     job_file = None
@@ -150,8 +151,8 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
     if dry_run:
         _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel"))
         return
-    result = submit_mod.submit(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
-                               resume_dir=resume_dir, chain=chain, snapshot=snapshot)
+    result = submit_job(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
+                        resume_dir=resume_dir, chain=chain, snapshot=snapshot)
     warning = shared_filesystem_warning(Path(result.run_dir)) if result.cluster == "slurm" else None
     for line in ([f"warning: {warning}"] if warning else []) + ([result.note] if result.note else []):
         if not as_json:
@@ -163,8 +164,8 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
     if wait:
         try:
             if not as_json:
-                submit_mod.stream_rank0(result, click.echo)
-            submit_mod.wait_for(result)
+                stream_rank0(result, click.echo)
+            wait_for(result)
         except KeyboardInterrupt:
             click.echo(f"stopped following {result.run_name}; it goes on (hpc-train status / hpc-train cancel "
                        f"{result.run_name})", err=True)

@@ -33,9 +33,9 @@ def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
       hpc-train status lt-sweep             # the sweep: one line, points per state
       hpc-train status lt-sweep/60_3        # one point of it
     """
+    from ..front.status import run_statuses
     from ..runs import sweeps
     from ..runs.index import find_runs
-    from ..runs.status import run_statuses
     from ..runs.status_lines import run_line, sweep_line
 
     root = runs_root(runs_dir)
@@ -67,8 +67,9 @@ def logs(run: str, runs_dir: str | None, follow: bool, rank: int | None) -> None
       hpc-train logs 4242
       hpc-train logs digits-lt-demo/4242 --rank 0 -f
     """
+    from ..front.status import is_over
     from ..runs.index import resolve_run
-    from ..runs.status import first_failure, follow_logs, is_over
+    from ..runs.status import first_failure, follow_logs
 
     found = resolve_run(run, runs_root(runs_dir))
     world = int(found.record.get("world_size") or 0)
@@ -96,8 +97,8 @@ def cancel(run: str, runs_dir: str | None) -> None:
       hpc-train cancel digits-lt-demo/4242
       hpc-train cancel lt-sweep             # every point of the sweep
     """
+    from ..front.status import cancel_run, cancel_sweep
     from ..runs import sweeps
-    from ..runs.status import cancel_run, cancel_sweep
 
     chosen, is_sweep = sweeps.find(run, runs_root(runs_dir))
     click.echo(cancel_sweep(chosen) if is_sweep else cancel_run(chosen[0]))
@@ -128,8 +129,8 @@ def report(runs: tuple[str, ...], runs_dir: str | None, seed_keys: tuple[str, ..
       hpc-train report digits-lt-demo/4242 --json
       hpc-train report 4242 --seed-key train.seed --seed-key train.data.seed --plot per-class.png
     """
+    from ..front.status import run_states
     from ..runs import report as report_mod
-    from ..runs.status import run_states
 
     chosen = report_mod.select(runs, runs_root(runs_dir))
     results = [report_mod.load(r, state) for r, state in zip(chosen, run_states(chosen))]

@@ -20,7 +20,7 @@ Point = dict[str, Any]
 
 MAX_POINTS = 10_000
 """Points of one sweep. A sweep larger than the cluster's MaxArraySize (Slurm's default 1001 allows indices 0-1000)
-is submitted as several job arrays under one run name (:mod:`hpc_train.slurm.submit`)."""
+is submitted as several job arrays under one run name (:mod:`hpc_train.slurm.queue`)."""
 
 
 def _key_type(key: str, source: str) -> Any:

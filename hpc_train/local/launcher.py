@@ -1,5 +1,5 @@
 """Running launches of runs on this machine: the sbatch script's counterpart for local runs, and the pack
-runner of ``--pack K`` on Slurm. Torch-free; :mod:`hpc_train.local` is its submit side.
+runner of ``--pack K`` on Slurm. Torch-free; :mod:`hpc_train.local.plan` is its submit side.
 
 A launch:
 
@@ -12,7 +12,7 @@ A launch:
 * ends the ranks when the run is cancelled (``hpc-train cancel`` records it; the launcher sees it);
 * watches the ranks' heartbeats (``slurm.hang_timeout_s``): when none has advanced for the timeout, the ranks'
   stacks go into the logs, the ranks are killed and the run is recorded failed, naming the rank that stopped
-  first (:mod:`.watchdog`), or launched again from its last checkpoint (``slurm.hang_action: requeue``);
+  first (:mod:`.hang_actions`), or launched again from its last checkpoint (``slurm.hang_action: requeue``);
 * records the launch's exit code, as the batch script's exit block does; a command that exits 75
   (checkpointed) is launched again, at most ``slurm.max_requeues`` times, as Slurm requeues it.
 
@@ -36,8 +36,8 @@ from typing import Any, Sequence
 
 from ..rank.heartbeat import HANG_TIMEOUT_ENV
 from ..rank.preempt import signal_number  # USR2, SIGUSR2 or 12, as the ranks read slurm.signal
-from ..runs import heartbeats, rundir
-from . import watchdog
+from ..runs import liveness, rundir
+from . import hang_actions
 
 POLL_S = 0.2
 KILL_WAIT_S = 5.0
@@ -138,7 +138,7 @@ def _supervise(procs: list[subprocess.Popen], launch: Launch, batch_log: Any, in
     run_dir = Path(launch.run_dir)
     started, last_check, signalled = time.monotonic(), 0.0, False
     host = socket.gethostname()
-    watch = heartbeats.Watch(launch.world_size, launch.hang_timeout_s, instance)
+    watch = liveness.Watch(launch.world_size, launch.hang_timeout_s, instance)
     # Poll every rank each time (a generator in any() stops at the first live one, and a failure of a later
     # rank would go unseen until the earlier ones ended).
     while any([p.poll() is None for p in procs]):
@@ -157,11 +157,11 @@ def _supervise(procs: list[subprocess.Popen], launch: Launch, batch_log: Any, in
                 _end_all(procs)
                 return 128 + signal.SIGTERM
             if launch.hang_timeout_s > 0:
-                watch.update(heartbeats.read_beats(run_dir, instance), now)
+                watch.update(liveness.read_beats(run_dir, instance), now)
                 ended = [rank for rank, p in enumerate(procs) if p.poll() is not None]
                 if watch.hung(now, ended):
-                    raise Hung(watchdog.on_hang(procs, watch, lambda r: run_dir / rundir.RANK_LOG.format(rank=r),
-                                                lambda text: _log(batch_log, text)))
+                    raise Hung(hang_actions.on_hang(procs, watch, lambda r: run_dir / rundir.RANK_LOG.format(rank=r),
+                                                    lambda text: _log(batch_log, text)))
         limited = launch.time_limit_s > 0
         if limited and not signalled and now - started >= launch.time_limit_s - launch.signal_delay_s:
             signalled = True

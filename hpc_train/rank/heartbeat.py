@@ -1,5 +1,5 @@
 """Progress heartbeats: each rank says how far it got, in the run directory every node sees, for the launcher's
-watchdog (:mod:`hpc_train.runs.heartbeats` reads them) and ``hpc-train status``. Torch-free, stdlib only.
+watchdog (:mod:`hpc_train.runs.liveness` reads them) and ``hpc-train status``. Torch-free, stdlib only.
 
 A rank's record is ``<run dir>/ranks/rank-<R>.progress`` (JSON: rank, host, pid, the launch's instance, a beat
 counter, step, epoch, phase, wall time). The trainer refreshes it where the ranks already meet — every
@@ -18,7 +18,6 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -26,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..runs import rundir
+from ..runs.liveness import DUMP_SIGNAL, PROGRESS_FILE  # the reader's contract: where the record is, what dumps stacks
 
-PROGRESS_FILE = "ranks/rank-{rank}.progress"
-DUMP_SIGNAL = signal.SIGURG
 HANG_TIMEOUT_ENV = "HPC_TRAIN_HANG_TIMEOUT_S"
 """Set by the batch script and the local launcher: the job's ``slurm.hang_timeout_s`` (the write interval follows it)."""
 

@@ -1,8 +1,9 @@
-"""What ``status``, ``logs`` and ``cancel`` do with a run.
+"""What ``status`` and ``logs`` show of a run, folded from what its run directory recorded.
 
-A run's state is what its run directory says (:func:`hpc_train.runs.rundir.read_state`), reconciled with
-the scheduler for what no exit block sees: Slurm's time limit, out-of-memory kill, node failure or
-``scancel``; for a local run, whether its launcher still lives.
+A run's state is what its run directory says (:func:`hpc_train.runs.rundir.read_state`), reconciled with a
+scheduler's view of its job (:class:`~hpc_train.runs.scheduler_job.SchedulerJob`, which the front asks the
+backend for: :mod:`hpc_train.front.status`) for what no exit block sees: the time limit, an out-of-memory kill,
+a node failure or a cancel; for a local run, whether its runner still lives. Nothing here asks a scheduler.
 """
 
 from __future__ import annotations
@@ -11,55 +12,43 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
-from ..errors import ConfigError
-from ..local import submit as local
-from ..slurm import client as slurm_cli
-from . import rundir
+from . import bad_nodes, liveness, rundir
 from .index import Run
+from .scheduler_job import SchedulerJob
 
-# Slurm's final states that no exit block records, and what they mean for the run.
-_SLURM_VERDICTS = {
-    "TIMEOUT": (rundir.FAILED, "time limit reached"),
-    "OUT_OF_MEMORY": (rundir.FAILED, "out of memory"),
-    "NODE_FAIL": (rundir.FAILED, "a node failed"),
-    "BOOT_FAIL": (rundir.FAILED, "a node failed to boot"),
-    "DEADLINE": (rundir.FAILED, "deadline reached"),
-    "CANCELLED": (rundir.CANCELLED, "cancelled"),
-    "PREEMPTED": (rundir.PREEMPTED, "preempted by Slurm"),
-}
-_SLURM_FINISHED = {"COMPLETED": rundir.COMPLETED, "FAILED": rundir.FAILED}
+# What the scheduler's own ending of a job means for the run, when the run had not recorded its end.
+_ENDED_BY_STATE = {"time_limit": rundir.FAILED, "failure": rundir.FAILED, "cancel": rundir.CANCELLED,
+                   "preemption": rundir.PREEMPTED}
 
 
-def reconcile(run: rundir.RunState, job: slurm_cli.JobState | None) -> tuple[str, str]:
-    """(state, reason) of a Slurm run from its run directory and Slurm's view of its job."""
-    if job is None or job.state == "UNKNOWN":
+def reconcile(run: rundir.RunState, job: SchedulerJob | None) -> tuple[str, str]:
+    """(state, reason) of a scheduled run from its run directory and the scheduler's view of its job."""
+    if job is None or job.phase == "unknown":
         if run.state is None:
             return "unknown", job.reason if job else "nothing recorded"
-        unasked = job is not None and (job.reason == slurm_cli.NO_SLURM or job.reason.startswith("squeue failed"))
-        if unasked and not run.final:  # cannot be told here
+        if job is not None and not job.answered and not run.final:  # cannot be told here
             return "unknown", f"{job.reason} (last recorded: {run.state})"
         return run.state, run.reason
     if job.active:
         if run.state == rundir.CANCELLED:
             return rundir.CANCELLED, run.reason
-        if job.state in ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"):
+        if job.phase == "running":
             return rundir.RUNNING, ""
-        again = run.state in (rundir.REQUEUED, rundir.PREEMPTED, rundir.RUNNING) or job.state.startswith("REQUEUE")
+        again = run.state in (rundir.REQUEUED, rundir.PREEMPTED, rundir.RUNNING) or job.phase == "requeued"
         return (rundir.REQUEUED if again else rundir.QUEUED), job.reason
-    slurm_said = job.state + (f" {job.exit_code}" if job.exit_code and job.state != "COMPLETED" else "")
-    if job.state in _SLURM_VERDICTS:
-        state, why = _SLURM_VERDICTS[job.state]
-        if run.state == rundir.PREEMPTED and job.state in ("TIMEOUT", "PREEMPTED", "CANCELLED"):
-            state, why = (rundir.CANCELLED if job.state == "CANCELLED" else rundir.PREEMPTED), "checkpointed"
+    said = f"{job.scheduler}: {job.said}"
+    if job.ended_by is not None:
+        state, why = _ENDED_BY_STATE[job.ended_by], job.cause
+        if run.state == rundir.PREEMPTED and job.ended_by != "failure":  # it had checkpointed before it was ended
+            state, why = (rundir.CANCELLED if job.ended_by == "cancel" else rundir.PREEMPTED), "checkpointed"
         if run.state == rundir.CANCELLED:
             return rundir.CANCELLED, run.reason or why
-        return state, f"{why} (Slurm: {slurm_said})"
+        return state, f"{why} ({said})"
     if run.final:
         return run.state or "unknown", run.reason
-    state = _SLURM_FINISHED.get(job.state, rundir.FAILED)
-    return state, "" if state == rundir.COMPLETED else f"Slurm: {slurm_said}"
+    return (rundir.COMPLETED, "") if job.succeeded else (rundir.FAILED, said)
 
 
 def _local_state(run: Run, state: rundir.RunState) -> tuple[str, str]:
@@ -67,9 +56,23 @@ def _local_state(run: Run, state: rundir.RunState) -> tuple[str, str]:
     if state.final:
         return state.state or "unknown", state.reason
     pid = int(run.record.get("launcher_pid") or 0)
-    if pid and not local.is_alive(pid):
+    if pid and not liveness.is_alive(pid):
         return rundir.FAILED, f"its local launcher (pid {pid}) ended without recording how the run ended"
     return state.state or "unknown", state.reason
+
+
+_TASK_ERROR = re.compile(r"(?:srun|hpc-train): error: (?P<host>\S+): tasks? (?P<tasks>[\d,-]+): (?P<what>.+)")
+"""srun's line for a failed task, which the local launcher writes too (``hpc-train: error: ...``)."""
+
+
+def first_failure_in(text: str) -> str | None:
+    """The first rank that failed and its host, from a batch log: srun's (or the local launcher's)
+    ``error: gpu02: task 3: Exited with exit code 1`` (ranks killed afterwards are not the cause)."""
+    for line in text.splitlines():
+        m = _TASK_ERROR.search(line)
+        if m and "Killed" not in m.group("what") and "terminated" not in m.group("what").lower():
+            return f"rank {m.group('tasks')} on {m.group('host')}: {m.group('what').strip()}"
+    return None
 
 
 def first_failure(run: Run) -> str | None:
@@ -80,7 +83,7 @@ def first_failure(run: Run) -> str | None:
         candidates.append(Path(batch[:-4] + ".out"))
     for path in candidates:
         try:
-            found = slurm_cli.first_failure(path.read_text(errors="replace"))
+            found = first_failure_in(path.read_text(errors="replace"))
         except OSError:
             continue
         if found:
@@ -108,34 +111,15 @@ def progress(run_dir: Path) -> dict[str, Any]:
     return {k: round(last[k], 4) if isinstance(last[k], float) else last[k] for k in keep if k in last}
 
 
-def _slurm_jobs(runs: Sequence[Run], listing: bool = False) -> dict[str, slurm_cli.JobState]:
-    """Slurm's view of every Slurm run's job, asked once for all of them (``listing``: a failing squeue makes
-    them ``unknown``, with its words, and the other runs are still listed; else it is an error, exit 2)."""
-    return slurm_cli.job_states([r.job_id for r in runs if r.on_slurm], listing=listing)
-
-
-def run_statuses(runs: Sequence[Run], *, listing: bool = False) -> list[dict[str, Any]]:
-    """:func:`run_status` of each run (``status``; ``listing``: plain ``status``, every run here)."""
-    jobs = _slurm_jobs(runs, listing)
-    return [run_status(r, jobs.get(r.job_id)) for r in runs]
-
-
-def run_states(runs: Sequence[Run]) -> list[str]:
-    """The state of each run (``report``)."""
-    jobs = _slurm_jobs(runs)
-    return [run_state(r, jobs.get(r.job_id))[0] for r in runs]
-
-
-def run_state(run: Run, job: slurm_cli.JobState | None = None,
-              recorded: rundir.RunState | None = None) -> tuple[str, str]:
-    """(state, reason) of a run: what its run directory recorded, reconciled with Slurm (``job`` when the
-    caller has asked already) or with its local launcher. Reads no log and no metrics (polling loops)."""
+def run_state(run: Run, job: SchedulerJob | None, recorded: rundir.RunState | None = None) -> tuple[str, str]:
+    """(state, reason) of a run: what its run directory recorded, reconciled with the scheduler's view of its job
+    (``job``; None for a local run) or with its local runner. Reads no log and no metrics (polling loops)."""
     if run.unreadable:
         return "unknown", run.unreadable
     recorded = recorded or rundir.read_state(run.run_dir)
     if run.cluster == "local":
         return _local_state(run, recorded)
-    return reconcile(recorded, job or slurm_cli.job_state(run.job_id))
+    return reconcile(recorded, job)
 
 
 STATUS_FIELDS = ("run", "job_id", "cluster", "run_dir", "slurm_state", "source", "elapsed", "nodes",
@@ -145,16 +129,15 @@ STATUS_FIELDS = ("run", "job_id", "cluster", "run_dir", "slurm_state", "source",
 lists them, and a test ties the two)."""
 
 
-def run_status(run: Run, job: slurm_cli.JobState | None = None) -> dict[str, Any]:
+def run_status(run: Run, job: SchedulerJob | None) -> dict[str, Any]:
     """A run's status: ``state`` (queued, running, completed, failed, cancelled, preempted, requeued) and
-    why, with Slurm's own view (``slurm_state``; ``job`` when the caller has asked Slurm already) and the
-    training progress."""
+    why, with the scheduler's own view (``slurm_state``, from ``job``: None for a local run) and the training
+    progress."""
     recorded = rundir.read_state(run.run_dir)
     out: dict[str, Any] = {"run": run.name, "job_id": run.job_id, "cluster": run.cluster, "run_dir": str(run.run_dir)}
-    if run.on_slurm:
-        job = job or slurm_cli.job_state(run.job_id)
+    if run.on_slurm and job is not None:
         out.update(slurm_state=job.state, source=job.source, elapsed=job.elapsed, nodes=job.nodes,
-                   slurm_exit_code=job.exit_code, slurm_reason=job.reason if job.state == "UNKNOWN" else "")
+                   slurm_exit_code=job.exit_code, slurm_reason=job.reason if job.phase == "unknown" else "")
     state, reason = run_state(run, job, recorded)
     out.update(state=state, reason=reason, exit_code=recorded.exit_code, restarts=recorded.restart or None)
     if state == rundir.FAILED and not reason.startswith("rank "):
@@ -216,28 +199,21 @@ def stragglers_of_run(run_dir: Path) -> list[dict[str, Any]]:
 def health(run: Run, state: str, reason: str) -> dict[str, Any]:
     """What the heartbeats, the ranks' compute times and the bad-node list say (issue 18): a running run whose
     slowest rank made no progress for a third of ``slurm.hang_timeout_s`` (at most 5 minutes) is ``stalled``."""
-    from ..slurm.watchdog import excluded_names
-    from . import heartbeats
-
     out: dict[str, Any] = {}
     if state == rundir.RUNNING:
-        found = heartbeats.stall(run.run_dir)
+        found = liveness.stall(run.run_dir)
         if found is not None:
             slow = found.slowest
             out["last_progress_s"] = round(found.last_progress_s, 1)
             out["slowest_rank"] = {"rank": slow.rank, "host": slow.host, "last_progress_s": round(found.slowest_s, 1)}
-            if found.slowest_s >= heartbeats.stall_threshold_s(_hang_timeout_s(run)):
+            if found.slowest_s >= liveness.stall_threshold_s(_hang_timeout_s(run)):
                 out["reason"] = "; ".join(r for r in (f"stalled (no progress for {found.slowest_s:.0f} s, rank "
                                                       f"{slow.rank} on {slow.host})", reason) if r)
     straggler = last_straggler(run.run_dir)
     if straggler and state not in rundir.FINAL_STATES | {rundir.QUEUED}:
         out["straggler"] = straggler
-    out["excluded_nodes"] = excluded_names(run.run_dir) or None
+    out["excluded_nodes"] = bad_nodes.excluded_names(run.run_dir) or None
     return out
-
-
-def is_over(run: Run) -> bool:
-    return run_state(run)[0] in rundir.FINAL_STATES | {"unknown"}
 
 
 def log_files(run: Run, rank: int | None = None) -> list[tuple[str, Path]]:
@@ -285,33 +261,3 @@ def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0
         if not new and is_done is not None and is_done():
             return
         time.sleep(poll_s)
-
-
-def cancel_sweep(runs: Sequence[Run]) -> str:
-    """Cancel every point of a sweep: each of its job arrays once (scancel), each point not ended recorded."""
-    from .sweeps import array_ids
-
-    live = [r for r, state in zip(runs, run_states(runs)) if state not in rundir.FINAL_STATES]
-    arrays = list(dict.fromkeys(i for r in live if r.cluster != "local" for i in (array_ids(r) or [r.job_id])))
-    for array in arrays:
-        slurm_cli.cancel(array)
-    for run in live:
-        rundir.append_event(run.run_dir, rundir.CANCELLED, writer="hpc-train cancel", reason="cancelled by the user")
-    if not live:
-        return f"{len(runs)} point(s): all have already ended; nothing to cancel"
-    where = f" (job arrays {', '.join(arrays)})" if arrays else " (local runs)"
-    return f"cancelled {len(live)} of {len(runs)} point(s){where}"
-
-
-def cancel_run(run: Run) -> str:
-    """Cancel a run: record it (the local launcher ends the ranks when it sees it), and scancel on Slurm."""
-    if run.unreadable:
-        raise ConfigError(f"{run.name}: {run.unreadable}, so which job to cancel cannot be told; cancel it with "
-                          "scancel JOB_ID (or, for a local run, end its launcher)")
-    state = run_state(run)[0]
-    if state in rundir.FINAL_STATES:
-        return f"{run.name} has already ended ({state}); nothing to cancel"
-    if run.cluster != "local":
-        slurm_cli.cancel(run.job_id)
-    rundir.append_event(run.run_dir, rundir.CANCELLED, writer="hpc-train cancel", reason="cancelled by the user")
-    return f"cancelled {run.name} ({'local run' if run.cluster == 'local' else 'job ' + run.job_id})"

@@ -1,13 +1,13 @@
-"""What every submission shares, on Slurm or locally: choosing the cluster, the interpreter the ranks run,
-the runs directory (checked before anything is written), the run directory's files, and undoing what a
-refused submission created — bad input or a refusal leaves nothing behind.
+"""What every submission writes into a run directory and shares, on Slurm or locally: its result, the interpreter
+the ranks run, the code snapshot, run.json and the run's files (undone with :mod:`.undo` when the submission is
+refused: bad input or a refusal leaves nothing behind), and the checks of a ``--resume``. Choosing the cluster
+is the front's (:mod:`hpc_train.front.submit`).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,13 +17,9 @@ from typing import Any, Literal, Mapping
 
 from .. import __version__
 from ..config import JobSources, JobSpec, dump_yaml
-from ..errors import ConfigError, SubmitError
-from ..slurm import client as slurm_cli
+from ..errors import ConfigError
 from . import rundir
 from .undo import Created
-
-Cluster = Literal["auto", "slurm", "local"]
-
 
 @dataclass(frozen=True)
 class SubmitResult:
@@ -43,23 +39,6 @@ class SubmitResult:
 
     def to_json(self) -> str:
         return json.dumps({k: getattr(self, k) for k in ("job_id", "run_name", "run_dir", "cluster", "note", "tasks")})
-
-
-def choose_cluster(requested: Cluster, spec: JobSpec) -> tuple[Literal["slurm", "local"], str]:
-    """``auto``: Slurm when ``sbatch`` is on PATH, else local (said plainly). Slurm needs srun too."""
-    if requested == "slurm" or (requested == "auto" and shutil.which("sbatch") is not None):
-        missing = slurm_cli.missing_tools()
-        if missing:
-            have = "sbatch is" if "sbatch" not in missing else "Slurm's tools are"
-            raise SubmitError(f"{have} not complete here: {', '.join(missing)} not on PATH; run on a Slurm login "
-                              "node, or use --cluster local to run on this machine")
-        return "slurm", ""
-    note = "" if requested == "local" else "Slurm not found (no 'sbatch' on PATH): running locally on this machine"
-    if spec.slurm.nodes > 1:
-        why = "--cluster local" if requested == "local" else "Slurm is not available"
-        raise ConfigError(f"{spec.slurm.nodes} nodes requested but {why}; a local run uses one node: "
-                          "use --nodes 1, or submit from a Slurm login node")
-    return "local", note
 
 
 def resolve_python(spec: JobSpec, interpreter: str | None = None) -> str:

@@ -2,8 +2,9 @@
 
 Every call goes through :func:`run_command`, so errors read the same everywhere: the command, and what
 Slurm said. ``squeue`` is asked first and ``sacct`` second (accounting may be absent or rate-limited).
-The parsers (:func:`parse_squeue`, :func:`parse_sacct`, :func:`first_failure`) are pure functions over
-the commands' text, tested on canned outputs recorded from Slurm 22.05 (tests/slurm_outputs/).
+The parsers (:func:`parse_squeue`, :func:`parse_sacct`) are pure functions over the commands' text, tested
+on canned outputs recorded from Slurm 22.05 (tests/slurm_outputs/). What Slurm's states mean for a run is said
+here, once (:func:`slurm_job`), in the neutral words :mod:`hpc_train.runs.status` folds.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import SubmitError
+from ..runs.scheduler_job import EndedBy, Phase, SchedulerJob
 
 _TIMEOUT_S = 30
 
@@ -65,22 +66,38 @@ def gpu_flag_for(slurm_version: tuple[int, int] | None) -> str:
     return "gpus-per-node"
 
 
-@dataclass(frozen=True)
-class JobState:
-    job_id: str
-    state: str
-    """Slurm's state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, PREEMPTED, REQUEUED ...),
-    or UNKNOWN when neither squeue nor sacct knows the job (``reason`` says why)."""
-    reason: str = ""
-    elapsed: str = ""
-    nodes: str = ""
-    exit_code: str = ""
-    source: str = ""
-    """Which command answered: squeue or sacct."""
+RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"})
+"""The active states in which the job's processes run (the others wait to start)."""
 
-    @property
-    def active(self) -> bool:
-        return self.state in ACTIVE_STATES
+_ENDED_BY: dict[str, tuple[EndedBy, str]] = {
+    "TIMEOUT": ("time_limit", "time limit reached"),
+    "OUT_OF_MEMORY": ("failure", "out of memory"),
+    "NODE_FAIL": ("failure", "a node failed"),
+    "BOOT_FAIL": ("failure", "a node failed to boot"),
+    "DEADLINE": ("failure", "deadline reached"),
+    "CANCELLED": ("cancel", "cancelled"),
+    "PREEMPTED": ("preemption", "preempted by Slurm"),
+}
+"""Slurm's final states that no exit block records: why Slurm ended the job, and in which words."""
+
+
+def slurm_job(job_id: str, state: str, *, reason: str = "", elapsed: str = "", nodes: str = "", exit_code: str = "",
+              source: str = "") -> SchedulerJob:
+    """Slurm's view of a job (``state``: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, PREEMPTED,
+    REQUEUED ..., or UNKNOWN when neither squeue nor sacct knows it: ``reason`` says why) in the words
+    :mod:`hpc_train.runs.status` folds."""
+    phase: Phase
+    if state == "UNKNOWN":
+        phase = "unknown"
+    elif state in ACTIVE_STATES:
+        phase = "running" if state in RUNNING_STATES else "requeued" if state.startswith("REQUEUE") else "queued"
+    else:
+        phase = "ended"
+    ended_by, cause = _ENDED_BY.get(state, (None, "")) if phase == "ended" else (None, "")
+    unanswered = phase == "unknown" and (reason == NO_SLURM or reason.startswith("squeue failed"))
+    return SchedulerJob(job_id, state, phase, scheduler="Slurm", reason=reason, elapsed=elapsed, nodes=nodes,
+                        exit_code=exit_code, source=source, answered=not unanswered, ended_by=ended_by, cause=cause,
+                        succeeded=state == "COMPLETED")
 
 
 def _is_task_of(shown: str, job_id: str) -> bool:
@@ -96,33 +113,33 @@ def _is_task_of(shown: str, job_id: str) -> bool:
     return False
 
 
-def parse_squeue(text: str, job_id: str) -> JobState | None:
+def parse_squeue(text: str, job_id: str) -> SchedulerJob | None:
     """The job's line of ``squeue -h -o '%i|%T|%r|%M|%N'``; None when it is not queued."""
     for line in text.splitlines():
         parts = line.strip().split("|")
         if len(parts) == 5 and (parts[0] == job_id or _is_task_of(parts[0], job_id)):
-            return JobState(job_id, parts[1], reason=parts[2] if parts[2] != "None" else "", elapsed=parts[3],
+            return slurm_job(job_id, parts[1], reason=parts[2] if parts[2] != "None" else "", elapsed=parts[3],
                             nodes=parts[4] if parts[4] != "(null)" else "", source="squeue")
     return None
 
 
-def parse_sacct(text: str, job_id: str) -> JobState | None:
+def parse_sacct(text: str, job_id: str) -> SchedulerJob | None:
     """The job's allocation line of ``sacct -n -P -X -o JobID,State,ExitCode,Elapsed,NodeList,Reason``."""
     for line in text.splitlines():
         parts = line.strip().split("|")
         if len(parts) >= 5 and parts[0] == job_id:
             state = parts[1].split()[0] if parts[1] else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
-            return JobState(job_id, state, exit_code=parts[2], elapsed=parts[3], nodes=parts[4],
+            return slurm_job(job_id, state, exit_code=parts[2], elapsed=parts[3], nodes=parts[4],
                             reason=parts[5] if len(parts) > 5 and parts[5] != "None" else "", source="sacct")
     return None
 
 
-def job_state(job_id: str) -> JobState:
+def job_state(job_id: str) -> SchedulerJob:
     """One job's state: see :func:`job_states`."""
     return job_states([job_id])[job_id]
 
 
-def job_states(job_ids: Sequence[str], *, listing: bool = False) -> dict[str, JobState]:
+def job_states(job_ids: Sequence[str], *, listing: bool = False) -> dict[str, SchedulerJob]:
     """Each job's state from one squeue call, then one sacct call for those no longer queued (a report
     over a sweep of 200 runs asks slurmctld twice, not 400 times). A failing squeue is an error with its
     own message (SubmitError, exit 2) — for a ``listing`` (plain ``status``) every job is UNKNOWN with that
@@ -133,41 +150,28 @@ def job_states(job_ids: Sequence[str], *, listing: bool = False) -> dict[str, Jo
     if not wanted:
         return {}
     if shutil.which("squeue") is None:  # runs read here from a copy of the runs directory, or a laptop
-        return {j: JobState(j, "UNKNOWN", reason=NO_SLURM) for j in wanted}
+        return {j: slurm_job(j, "UNKNOWN", reason=NO_SLURM) for j in wanted}
     queued = run_command(["squeue", "-h", "-j", ",".join(wanted), "-o", SQUEUE_FORMAT], check=False)
     message = slurm_message(queued.stderr)
     # A single unknown id is an error to squeue ("Invalid job id specified"); in a list it is left out.
     if queued.returncode != 0 and "invalid job id" not in message.lower():
         if listing:
-            return {j: JobState(j, "UNKNOWN", reason=f"squeue failed: {message}") for j in wanted}
+            return {j: slurm_job(j, "UNKNOWN", reason=f"squeue failed: {message}") for j in wanted}
         raise SubmitError(f"squeue failed: {message}")
     states = {j: found for j in wanted if (found := parse_squeue(queued.stdout, j)) is not None}
     gone = [j for j in wanted if j not in states]
     if not gone:
         return states
     if shutil.which("sacct") is None:
-        return {**states, **{j: JobState(j, "UNKNOWN", reason="not in squeue, and sacct is not on PATH") for j in gone}}
+        return {**states, **{j: slurm_job(j, "UNKNOWN", reason="not in squeue, and sacct is not on PATH") for j in gone}}
     acct = run_command(["sacct", "-n", "-P", "-X", "-j", ",".join(gone), "-o", SACCT_FIELDS], check=False)
     for j in gone:
         if acct.returncode != 0:
-            states[j] = JobState(j, "UNKNOWN", reason=f"not in squeue; sacct: {slurm_message(acct.stderr or acct.stdout)}")
+            states[j] = slurm_job(j, "UNKNOWN", reason=f"not in squeue; sacct: {slurm_message(acct.stderr or acct.stdout)}")
         else:
-            states[j] = parse_sacct(acct.stdout, j) or JobState(j, "UNKNOWN",
+            states[j] = parse_sacct(acct.stdout, j) or slurm_job(j, "UNKNOWN",
                                                                 reason="not in squeue, and sacct has no record of it")
     return states
-
-
-_TASK_ERROR = re.compile(r"(?:srun|hpc-train): error: (?P<host>\S+): tasks? (?P<tasks>[\d,-]+): (?P<what>.+)")
-
-
-def first_failure(text: str) -> str | None:
-    """The first rank that failed and its host, from a batch log: srun's (or the local launcher's)
-    ``error: gpu02: task 3: Exited with exit code 1`` (ranks killed afterwards are not the cause)."""
-    for line in text.splitlines():
-        m = _TASK_ERROR.search(line)
-        if m and "Killed" not in m.group("what") and "terminated" not in m.group("what").lower():
-            return f"rank {m.group('tasks')} on {m.group('host')}: {m.group('what').strip()}"
-    return None
 
 
 DEFAULT_MAX_ARRAY_SIZE = 1001

@@ -113,6 +113,6 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         launch = dataclasses.replace(launch, run_dir=self._run_dir, **(self._sweep_launch if map_count else {}))
         if map_count is not None and array_tasks(len(self._array_specs), self._spec.slurm.pack) != map_count:
             raise TemplateError(f"submitit batched {map_count} jobs but {len(self._array_specs)} sweep points were "
-                                "rendered; submit sweeps through hpc_train.slurm.submit")
+                                "rendered; submit sweeps through hpc_train.slurm.queue")
         return render_sbatch(self._spec, runs_root=self._runs_root, python=self._python, launch=launch,
                              site_dirs=self._site_dirs, array_specs=self._array_specs if map_count else ())

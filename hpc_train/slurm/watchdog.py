@@ -1,7 +1,8 @@
-"""The batch script's watchdog, ``python -m hpc_train.slurm.watchdog`` (templates/partials/watchdog_*.j2), and the
-bad-node list of a run. Torch-free and submitit-free: it runs in the batch shell, beside the training step.
+"""The batch script's watchdog, ``python -m hpc_train.slurm.watchdog`` (templates/partials/watchdog_*.j2), and
+how Slurm is told about the run's bad-node list (:mod:`hpc_train.runs.bad_nodes`). Torch-free and submitit-free: it
+runs in the batch shell, beside the training step.
 
-``watch RUN_DIR SRUN_PID``: while the step runs, read the ranks' heartbeats (:mod:`hpc_train.runs.heartbeats`).
+``watch RUN_DIR SRUN_PID``: while the step runs, read the ranks' heartbeats (:mod:`hpc_train.runs.liveness`).
 When no rank has advanced for ``slurm.hang_timeout_s``: a diagnostic step (``srun --overlap``, one task per
 node: ``probe``) reads each rank's process state on its node, has every rank that can still run dump its
 Python stacks into its log (the faulthandler signal; py-spy too when installed) and reports back; the watchdog
@@ -33,10 +34,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..hostlist import expand
-from ..local import watchdog as local_watchdog
-from ..runs import heartbeats, rundir
+from ..runs import bad_nodes, liveness, rundir
 
-EXCLUDED_NODES = "excluded_nodes.json"
 PROBE_TIMEOUT_S = 60.0
 _acting = False
 
@@ -53,21 +52,8 @@ def _run(argv: Sequence[str], timeout_s: float = 30.0) -> subprocess.CompletedPr
 
 
 # --------------------------------------------------------------------------------------------------
-# The bad-node list (in the run directory: it survives requeues)
+# The bad-node list: the partition's nodes, and Slurm's ExcNodeList
 # --------------------------------------------------------------------------------------------------
-
-def excluded(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's excluded nodes, oldest first: ``{"node", "reason", "job_id", "restart", "time"}`` each."""
-    try:
-        data = json.loads((run_dir / EXCLUDED_NODES).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [e for e in data.get("nodes", []) if isinstance(e, dict) and e.get("node")] if isinstance(data, dict) else []
-
-
-def excluded_names(run_dir: Path) -> list[str]:
-    return list(dict.fromkeys(str(e["node"]) for e in excluded(run_dir)))
-
 
 def _partition_nodes(partition: str) -> list[str]:
     out = _run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N"])
@@ -75,24 +61,20 @@ def _partition_nodes(partition: str) -> list[str]:
 
 
 def add_excluded(run_dir: Path, node: str, reason: str, environ: dict[str, str] | None = None) -> bool:
-    """Add ``node`` to the list, unless that would leave the partition fewer nodes than the job needs (it would
-    pend forever): then it says so and adds nothing."""
+    """Add ``node`` to the run's list, unless that would leave the job's partition fewer nodes than the job needs (it
+    would pend forever): then it says so and adds nothing."""
     env = os.environ if environ is None else environ
-    names = excluded_names(run_dir)
-    if node in names:
+    if node in bad_nodes.excluded_names(run_dir):
         return True
-    needed = int(env.get("SLURM_JOB_NUM_NODES") or 1)
     partition = env.get("SLURM_JOB_PARTITION") or ""
-    pool = _partition_nodes(partition) if partition else []
-    if pool and len([n for n in pool if n not in names and n != node]) < needed:
-        _say(f"not excluding {node}: only {len(pool) - len(names) - 1} node(s) of partition {partition} would remain "
-             f"for a job of {needed} node(s)")
-        return False
-    entries = excluded(run_dir) + [{"node": node, "reason": reason, "job_id": env.get("SLURM_JOB_ID"),
-                                    "restart": int(env.get("SLURM_RESTART_COUNT") or 0), "time": rundir.now()}]
-    rundir.write_json_atomic(run_dir / EXCLUDED_NODES, {"nodes": entries})
-    _say(f"excluded node {node} from this job's next attempts ({reason})")
-    return True
+    listed, message = bad_nodes.add(run_dir, node, reason, job_id=env.get("SLURM_JOB_ID"),
+                                    restart=int(env.get("SLURM_RESTART_COUNT") or 0),
+                                    pool=_partition_nodes(partition) if partition else [],
+                                    pool_name=f"partition {partition}",
+                                    needed_nodes=int(env.get("SLURM_JOB_NUM_NODES") or 1))
+    if message:
+        _say(message)
+    return listed
 
 
 def requeue_excluding(run_dir: Path, job_id: str) -> tuple[bool, str]:
@@ -102,7 +84,8 @@ def requeue_excluding(run_dir: Path, job_id: str) -> tuple[bool, str]:
         return False, f"scontrol requeuehold {job_id} failed: {(held.stderr or held.stdout).strip()}"
     shown = _run(["scontrol", "show", "job", job_id]).stdout
     own = next((w.split("=", 1)[1] for w in shown.split() if w.startswith("ExcNodeList=")), "(null)")
-    names = list(dict.fromkeys([*(expand(own) if own not in ("", "(null)") else []), *excluded_names(run_dir)]))
+    own_names = expand(own) if own not in ("", "(null)") else []
+    names = list(dict.fromkeys([*own_names, *bad_nodes.excluded_names(run_dir)]))
     message = f"requeued job {job_id}"
     if names:
         updated = _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"])
@@ -126,9 +109,9 @@ def probe(run_dir: Path, instance: str) -> int:
     """``probe RUN_DIR INSTANCE`` (a task of the diagnostic step): what each rank of this node showed, in a file
     of the run directory (not on stdout: srun splits long lines of several tasks into each other)."""
     host = socket.gethostname()
-    beats = {r: b for r, b in heartbeats.read_beats(run_dir, instance).items() if b.host == host}
+    beats = {r: b for r, b in liveness.read_beats(run_dir, instance).items() if b.host == host}
     logs = rank_logs(run_dir)
-    probes = local_watchdog.probe_ranks({r: b.pid for r, b in beats.items()}, lambda r: logs(r), host=host)
+    probes = liveness.probe_ranks({r: b.pid for r, b in beats.items()}, lambda r: logs(r), host=host)
     rundir.write_json_atomic(_probe_file(run_dir, instance, host), [
         {"rank": p.rank, "host": p.host, "pid": p.pid, "state": p.state, "stacks": p.stacks, "py_spy": p.py_spy}
         for p in probes])
@@ -145,25 +128,25 @@ def rank_logs(run_dir: Path):
     return lambda rank: Path(pattern.format(rank=rank))
 
 
-def _probe_all(run_dir: Path, instance: str, beats: dict[int, heartbeats.Beat]) -> list[local_watchdog.Probe]:
+def _probe_all(run_dir: Path, instance: str, beats: dict[int, liveness.Beat]) -> list[liveness.Probe]:
     env = os.environ
     argv = ["srun", "--overlap", f"--jobid={env.get('SLURM_JOB_ID', '')}", f"--nodes={env.get('SLURM_JOB_NUM_NODES', 1)}",
             "--ntasks-per-node=1", "--cpus-per-task=1", "--kill-on-bad-exit=0", "--wait=0", sys.executable, "-u",
             "-m", "hpc_train.slurm.watchdog", "probe", str(run_dir), instance]
     out = _run(argv, PROBE_TIMEOUT_S)
-    found: dict[int, local_watchdog.Probe] = {}
+    found: dict[int, liveness.Probe] = {}
     for host in {b.host for b in beats.values()}:
         try:
             answers = json.loads(_probe_file(run_dir, instance, host).read_text())
         except (OSError, ValueError):
             continue
         for d in answers:
-            found[int(d["rank"])] = local_watchdog.Probe(int(d["rank"]), d["host"], int(d["pid"]), d["state"],
+            found[int(d["rank"])] = liveness.Probe(int(d["rank"]), d["host"], int(d["pid"]), d["state"],
                                                          d.get("stacks") or "", d.get("py_spy"))
     if out.returncode != 0 or not found:
         _say(f"the diagnostic step exited {out.returncode}: {(out.stderr or '').strip()[-300:]}")
     for rank, beat in beats.items():  # a node that did not answer: its ranks are named so
-        found.setdefault(rank, local_watchdog.Probe(rank, beat.host, beat.pid, "unreachable"))
+        found.setdefault(rank, liveness.Probe(rank, beat.host, beat.pid, "unreachable"))
     return [found[r] for r in sorted(found)]
 
 
@@ -195,12 +178,12 @@ def _kill_step(job_id: str, srun_pid: int) -> None:
         time.sleep(0.5)
 
 
-def _watch_loop(run_dir: Path, srun_pid: int, spec: Any, instance: str) -> heartbeats.Watch | None:
+def _watch_loop(run_dir: Path, srun_pid: int, spec: Any, instance: str) -> liveness.Watch | None:
     s = spec.slurm
-    watch = heartbeats.Watch(s.world_size, s.hang_timeout_s, instance)
+    watch = liveness.Watch(s.world_size, s.hang_timeout_s, instance)
     poll_s = min(5.0, max(0.5, s.hang_timeout_s / 20))
     while _alive(srun_pid):
-        watch.update(heartbeats.read_beats(run_dir, instance))
+        watch.update(liveness.read_beats(run_dir, instance))
         if watch.hung():
             return watch
         time.sleep(poll_s)
@@ -221,10 +204,10 @@ def watch(run_dir: Path, srun_pid: int) -> int:
     _acting = True
     now = time.monotonic()
     probes = _probe_all(run_dir, instance, found.beats)
-    ranks = local_watchdog.suspects(probes, found)
-    reason = local_watchdog.hang_reason(ranks, found, probes, now, {p.rank: p.host for p in probes})
+    ranks = liveness.suspects(probes, found)
+    reason = liveness.hang_reason(ranks, found, probes, now, {p.rank: p.host for p in probes})
     _say(reason)
-    for line in local_watchdog.stack_lines(probes):
+    for line in liveness.stack_lines(probes):
         _say(line)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     _kill_step(job_id, srun_pid)
@@ -299,7 +282,7 @@ def start_check(run_dir: Path) -> int:
         failed = _node_failure(run_dir, restart)
         if failed:
             add_excluded(run_dir, *failed)
-    listed = set(excluded_names(run_dir))
+    listed = set(bad_nodes.excluded_names(run_dir))
     here = [n for n in expand(os.environ.get("SLURM_JOB_NODELIST", "")) if n in listed]
     if not here:
         return 0

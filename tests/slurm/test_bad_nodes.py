@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.slurm.watchdog import excluded_names
+from hpc_train.runs.bad_nodes import excluded_names
 from tests.cluster import harness
 from tests.hang_helpers import follow, record_measurement, stop_rank, wait_for_beats
 from tests.slurm.test_hangs import _extra, status

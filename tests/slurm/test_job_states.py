@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_train.runs.scheduler_job import SchedulerJob
 from hpc_train.slurm import client as slurm
 from tests.cluster import harness
 from tests.slurm.test_lifecycle import wait_state
@@ -48,7 +49,7 @@ def test_one_squeue_and_one_sacct_answer_every_run(slurm_cluster, tmp_path, monk
         one_by_one = {j: slurm.job_state(j) for j in ids}
         assert len(log.read_text().split()) >= len(ids)  # what the batch saves
 
-        def view(s: slurm.JobState):  # elapsed times move between the two lookups
+        def view(s: SchedulerJob):  # elapsed times move between the two lookups
             return (s.job_id, s.state, s.source, s.reason if s.state == "UNKNOWN" else "")
 
         assert sorted(together) == sorted(ids)

@@ -1,7 +1,7 @@
 """Local runs (``--cluster local``, or ``auto`` without ``sbatch``): the sbatch script's counterpart on
 one machine, so the embedded default does what Slurm does.
 
-``submit`` writes every run directory and a plan, then starts one detached runner,
+:func:`submit_local` writes every run directory and a plan, then starts one detached runner,
 ``python -m hpc_train.local PLAN`` (:mod:`.runner`), which runs the plan's launches (:mod:`.launcher`) one
 after another, or ``slurm.pack`` at a time (a sweep point each, or the same run again for ``--chain``;
 ``--resume`` is a launch of an existing run).
@@ -22,9 +22,8 @@ from typing import Sequence
 
 from ..errors import ConfigError
 from ..runs import rundir
+from ..runs.liveness import RUNNER_MODULE
 from . import launcher
-
-LAUNCHER_MODULE = "hpc_train.local"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -136,7 +135,7 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
         created.write(plan, json.dumps({"launches": launches, "python": sys.executable, "cwd": str(cwd),
                                         "pack": spec.slurm.pack}))
         with open(run_dirs[0] / rundir.BATCH_LOG, "a", encoding="utf-8") as launcher_log:
-            proc = subprocess.Popen([sys.executable, "-m", LAUNCHER_MODULE, str(plan)], cwd=cwd,
+            proc = subprocess.Popen([sys.executable, "-m", RUNNER_MODULE, str(plan)], cwd=cwd,
                                     stdin=subprocess.DEVNULL, stdout=launcher_log, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # not ended by the terminal, like a Slurm job
     except BaseException:
@@ -158,19 +157,3 @@ def _note_launcher(run_dir: Path, pid: int) -> None:
     path = run_dir / rundir.RUN_JSON
     record = json.loads(path.read_text(encoding="utf-8"))
     rundir.write_json_atomic(path, {**record, "launcher_pid": pid})
-
-
-def is_alive(pid: int) -> bool:
-    """The local launcher with this pid still runs (a reused pid running something else does not count;
-    the first milliseconds, before the launcher's exec, it is still the submitting hpc-train)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, IndexError):
-        return False
-    if state in ("Z", "X"):  # ended, not yet reaped (the submitting hpc-train is its parent)
-        return False
-    if not cmdline:  # between fork and exec
-        return True
-    return LAUNCHER_MODULE.encode() in cmdline or b"hpc-train" in cmdline or b"hpc_train.cli" in cmdline
-

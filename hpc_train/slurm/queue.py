@@ -1,6 +1,7 @@
-"""Submitting to Slurm through submitit: one job, a job array (a sweep), a continuation of a run
-(``--resume``) and chains of dependent jobs (``--chain``); the dry run; following runs to their end.
-Local runs are :mod:`hpc_train.local`; what both share is :mod:`hpc_train.runs.submission`.
+"""Queueing jobs on Slurm through submitit: one job, job arrays (a sweep, split at MaxArraySize), a
+continuation of a run (``--resume``) and chains of dependent jobs (``--chain``); the script and Slurm's verdict
+of a dry run. Choosing the cluster, registering runs and following them is the front's (:mod:`hpc_train.front`);
+what both backends write into a run directory is :mod:`hpc_train.runs.submission`.
 
 A submission is all or nothing: a refused job leaves no run directory, no submitit files and, in a
 chain, no job of the chain queued.
@@ -14,22 +15,17 @@ import shlex
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from ..config import JobSources, JobSpec, Resolved, dump_yaml
-from ..errors import HpcTrainError, JobFailedError, SubmitError
+from ..errors import HpcTrainError, SubmitError
 from ..render import LaunchSpec, array_tasks, render_sbatch
 from ..runs import rundir
-from ..runs.index import check_writable, load_run, register
-from ..runs.status import follow_logs, is_over, run_status
-from ..runs.status_lines import not_completed_message
-from ..runs.sweeps import sweep_status
-from ..runs.submission import (Cluster, SubmitResult, choose_cluster, code_snapshot, continue_run_record,
-                               resolve_python, run_record, submission_facts, write_run_files)
+from ..runs.submission import (SubmitResult, continue_run_record, resolve_python, run_record, submission_facts,
+                               write_run_files)
 from ..runs.undo import Created
 from . import client as slurm_cli
 
-WAIT_POLL_S = 1.0
 SWEEPS_DIR = ".sweeps"
 """Under a job's directory of runs: each submitted sweep's point files and its arrays' scripts."""
 
@@ -278,71 +274,19 @@ class _SlurmSubmission:
         self.created.undo()
 
 
-def submit(resolved: Resolved, *, cluster: Cluster = "auto", cwd: Path | None = None, interpreter: str | None = None,
-           max_parallel: int | None = None, resume_dir: Path | None = None, chain: int = 1,
-           snapshot: bool = False) -> SubmitResult:
-    """Submit and return at once; :func:`wait_for` follows the runs to their end.
+def queue(resolved: Resolved, *, cwd: Path | None = None, interpreter: str | None = None,
+          max_parallel: int | None = None, resume_dir: Path | None = None, chain: int = 1,
+          snapshot: dict[str, str] | None = None) -> SubmitResult:
+    """Queue a job on Slurm and return at once; a refused job leaves nothing queued and nothing written.
 
-    ``resolved.sweep``: one Slurm job array, a task (and run directory) per point. ``resume_dir``: continue
-    that run directory in a new job. ``chain``: queue that many jobs, each starting after the previous
-    one ended (``afterany``) and resuming the same run directory — for sites without requeue. ``snapshot``:
-    record the submit directory's code (git SHA, uncommitted diff) in each new run directory.
+    ``resolved.sweep``: job arrays, a task (and run directory) per point. ``resume_dir``: continue that run
+    directory in a new job. ``chain``: queue that many jobs, each starting after the previous one ended
+    (``afterany``) and resuming the same run directory — for sites without requeue. ``snapshot``: the code
+    snapshot's files, written into each new run directory.
     """
-    chosen, note = choose_cluster(cluster, resolved.spec)
-    check_writable()
-    code = code_snapshot((cwd or Path.cwd()).resolve()) if snapshot else None
-    if snapshot and code is None:
-        note = "; ".join(n for n in (note, "--snapshot: the submit directory is not in a git repository") if n)
-    if chosen == "local":
-        from ..local.submit import submit_local
-
-        result = submit_local(resolved, cwd=cwd, resume_dir=resume_dir, chain=chain, note=note, snapshot=code)
-    else:
-        submission = _SlurmSubmission(resolved, cwd, interpreter, code)
-        try:
-            result = submission.array(max_parallel) if submission.sweep else submission.chain(resume_dir, chain)
-        except BaseException:
-            submission.abandon()
-            raise
-    warning = register([Path(d) for d in result.run_dirs], (cwd or Path.cwd()).resolve())
-    return dataclasses.replace(result, note="; ".join(n for n in (result.note, warning) if n))
-
-
-def stream_rank0(result: SubmitResult, echo: Callable[[str], Any], poll_s: float = 0.5) -> None:
-    """Print rank 0's log lines as they come, until the run has ended (``--wait`` of one run)."""
-    if len(result.run_dirs) != 1:
-        return  # an array or a local sweep: too many streams to interleave; wait_for reports
-    run = load_run(Path(result.run_dirs[0]))
-    for line in follow_logs(run, 0, follow=True, poll_s=poll_s, is_done=lambda: is_over(run), prefix=False):
-        echo(line)
-
-
-def wait_for(result: SubmitResult, poll_s: float = WAIT_POLL_S) -> list[dict[str, Any]]:
-    """Block until every run of the submission has ended; an error saying why when one did not complete (a
-    sweep: every point that did not): exit 2 when each refused its configuration or data (a rank's own
-    message), else exit 1."""
-    from ..local.submit import is_alive
-
-    statuses, runs = [], [load_run(Path(d)) for d in result.run_dirs]
-    for run in runs:
-        pid = int(run.record.get("launcher_pid") or 0)
-        # A local launcher may still have launches of this run to go (a chain); Slurm shows a chain's next
-        # job in squeue, which keeps the run queued.
-        while not is_over(run) or (pid and is_alive(pid)):
-            time.sleep(poll_s)
-        statuses.append(run_status(run))
-    missed = [s for s in statuses if s["state"] != rundir.COMPLETED]
-    if not missed:
-        return statuses
-    if len(runs) > 1:
-        message = not_completed_message(sweep_status(runs[0], statuses))
-        hint = f"see `hpc-train status {result.run_name}` and `hpc-train logs RUN` of each"
-    else:
-        (status,) = missed
-        why = "; ".join(dict.fromkeys(w for w in (status.get("reason"), status.get("first_failure")) if w))
-        message = f"{status['run']} {status['state']}: {why or status['state']}"
-        hint = status.get("hint") or f"see `hpc-train logs {status['run']}`"
-    error = JobFailedError(f"{message}\n{hint}")
-    if all(s.get("exit_code") == rundir.EXIT_BAD_INPUT for s in missed):
-        error.exit_code = rundir.EXIT_BAD_INPUT
-    raise error
+    submission = _SlurmSubmission(resolved, cwd, interpreter, snapshot)
+    try:
+        return submission.array(max_parallel) if submission.sweep else submission.chain(resume_dir, chain)
+    except BaseException:
+        submission.abandon()
+        raise

@@ -1,0 +1,84 @@
+"""The status and cancel side that needs the scheduler: ask the backend for its view of the runs' jobs (Slurm's,
+once for all of them), then let :mod:`hpc_train.runs.status` fold it with what each run directory recorded. A local
+run needs no scheduler: its run directory and its runner's process say it all.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..errors import ConfigError
+from ..runs import rundir
+from ..runs import status as folded
+from ..runs.index import Run
+from ..runs.scheduler_job import SchedulerJob
+from ..runs.sweeps import array_ids
+from ..slurm import client as slurm_cli
+
+
+def scheduler_jobs(runs: Sequence[Run], listing: bool = False) -> dict[str, SchedulerJob]:
+    """Slurm's view of every Slurm run's job, asked once for all of them (``listing``: a failing squeue makes
+    them ``unknown``, with its words, and the other runs are still listed; else it is an error, exit 2)."""
+    return slurm_cli.job_states([r.job_id for r in runs if r.on_slurm], listing=listing)
+
+
+def _scheduler_job(run: Run) -> SchedulerJob | None:
+    return slurm_cli.job_state(run.job_id) if run.on_slurm else None
+
+
+def run_statuses(runs: Sequence[Run], *, listing: bool = False) -> list[dict[str, Any]]:
+    """Each run's status (``status``; ``listing``: plain ``status``, every run here)."""
+    jobs = scheduler_jobs(runs, listing)
+    return [folded.run_status(r, jobs.get(r.job_id) if r.on_slurm else None) for r in runs]
+
+
+def run_status(run: Run) -> dict[str, Any]:
+    return folded.run_status(run, _scheduler_job(run))
+
+
+def run_states(runs: Sequence[Run]) -> list[str]:
+    """The state of each run (``report``, ``cancel`` of a sweep)."""
+    jobs = scheduler_jobs(runs)
+    return [folded.run_state(r, jobs.get(r.job_id) if r.on_slurm else None)[0] for r in runs]
+
+
+def run_state(run: Run) -> tuple[str, str]:
+    """(state, reason) of one run; reads no log and no metrics (polling loops)."""
+    return folded.run_state(run, _scheduler_job(run))
+
+
+def is_over(run: Run) -> bool:
+    return run_state(run)[0] in rundir.FINAL_STATES | {"unknown"}
+
+
+def _record_cancelled(run: Run) -> None:
+    # The local runner ends the ranks when it sees this line; on Slurm it says who cancelled, which sacct cannot.
+    rundir.append_event(run.run_dir, rundir.CANCELLED, writer="hpc-train cancel", reason="cancelled by the user")
+
+
+def cancel_sweep(runs: Sequence[Run]) -> str:
+    """Cancel every point of a sweep: each of its job arrays once (scancel), each point not ended recorded."""
+    live = [r for r, state in zip(runs, run_states(runs)) if state not in rundir.FINAL_STATES]
+    arrays = list(dict.fromkeys(i for r in live if r.cluster != "local" for i in (array_ids(r) or [r.job_id])))
+    for array in arrays:
+        slurm_cli.cancel(array)
+    for run in live:
+        _record_cancelled(run)
+    if not live:
+        return f"{len(runs)} point(s): all have already ended; nothing to cancel"
+    where = f" (job arrays {', '.join(arrays)})" if arrays else " (local runs)"
+    return f"cancelled {len(live)} of {len(runs)} point(s){where}"
+
+
+def cancel_run(run: Run) -> str:
+    """Cancel a run: record it (the local runner ends the ranks when it sees it), and scancel on Slurm."""
+    if run.unreadable:
+        raise ConfigError(f"{run.name}: {run.unreadable}, so which job to cancel cannot be told; cancel it with "
+                          "scancel JOB_ID (or, for a local run, end its launcher)")
+    state = run_state(run)[0]
+    if state in rundir.FINAL_STATES:
+        return f"{run.name} has already ended ({state}); nothing to cancel"
+    if run.cluster != "local":
+        slurm_cli.cancel(run.job_id)
+    _record_cancelled(run)
+    return f"cancelled {run.name} ({'local run' if run.cluster == 'local' else 'job ' + run.job_id})"

@@ -1,0 +1,346 @@
+"""Whether a run is alive and advancing: its local runner's process, the ranks' progress heartbeats
+(:mod:`hpc_train.rank.heartbeat` writes them), and the hang probing both watchdogs share — each rank's process
+state, the stack-dump signal, and naming the rank that stopped first. The local launcher's watchdog
+(:mod:`hpc_train.local.hang_actions`), the batch script's (:mod:`hpc_train.slurm.watchdog`) and
+``hpc-train status`` read it. Torch-free, stdlib only.
+
+*Advancing* is a new beat in a rank's record. The watchdog times it on its own clock (the moment it first saw
+each beat), so the nodes' clocks never matter to it; ``status``, which looks once, reads the records' wall times.
+
+When the watchdog fires: each rank's process state is read (a stopped process cannot dump its stacks, so it is
+named by its state: ``rank 1 stopped (state T)``); every rank that can still run is sent :data:`DUMP_SIGNAL`
+(faulthandler, registered by the rank) and, when py-spy is installed, dumped by py-spy too; the stacks land in
+the rank logs, and the ranks that stopped first are named with their host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from . import rundir
+
+RUNNER_MODULE = "hpc_train.local"
+"""The local runner a local run's ``launcher_pid`` runs (``python -m hpc_train.local PLAN``)."""
+PROGRESS_FILE = "ranks/rank-{rank}.progress"
+"""A rank's heartbeat record, under its run directory (written by :mod:`hpc_train.rank.heartbeat`)."""
+DUMP_SIGNAL = signal.SIGURG
+"""The stack-dump signal: the ranks register faulthandler on it (ignored by default, used neither by the
+preemption contract nor by NCCL), the watchdogs send it."""
+DUMP_WAIT_S = 2.0
+"""How long the ranks get to write their stacks before they are ended."""
+PY_SPY_TIMEOUT_S = 20.0
+PROGRESS_GLOB = "rank-*.progress"
+STALL_CAP_S = 300.0
+DONE_PHASES = frozenset({"done"})
+
+
+# --------------------------------------------------------------------------------------------------
+# A local run's runner process
+# --------------------------------------------------------------------------------------------------
+
+def is_alive(pid: int) -> bool:
+    """The local runner with this pid still runs (a reused pid running something else does not count;
+    the first milliseconds, before the runner's exec, it is still the submitting hpc-train)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False
+    if state in ("Z", "X"):  # ended, not yet reaped (the submitting hpc-train is its parent)
+        return False
+    if not cmdline:  # between fork and exec
+        return True
+    return RUNNER_MODULE.encode() in cmdline or b"hpc-train" in cmdline or b"hpc_train.cli" in cmdline
+
+
+# --------------------------------------------------------------------------------------------------
+# Heartbeats: whether the ranks advance
+# --------------------------------------------------------------------------------------------------
+
+
+def stall_threshold_s(hang_timeout_s: float) -> float:
+    """``status`` calls a running run stalled after this long without progress: a third of the hang timeout, at
+    most 5 minutes; 5 minutes when the watchdog is off."""
+    return STALL_CAP_S if hang_timeout_s <= 0 else min(STALL_CAP_S, hang_timeout_s / 3)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One rank's last written record."""
+
+    rank: int
+    host: str
+    pid: int
+    instance: str
+    beat: int
+    step: int
+    epoch: int | None
+    phase: str
+    time: float
+
+    def where(self) -> str:
+        """``epoch 12, step 40`` (the trainer's; a command's is its step)."""
+        return (f"epoch {self.epoch}, " if self.epoch is not None else "") + f"step {self.step}"
+
+
+def _beat(data: Mapping[str, Any]) -> Beat | None:
+    try:
+        return Beat(rank=int(data["rank"]), host=str(data.get("host") or "?"), pid=int(data.get("pid") or 0),
+                    instance=str(data.get("instance") or ""), beat=int(data.get("beat") or 0),
+                    step=int(data.get("step") or 0),
+                    epoch=None if data.get("epoch") is None else int(data["epoch"]),
+                    phase=str(data.get("phase") or ""), time=float(data.get("time") or 0.0))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_beats(run_dir: Path, instance: str | None = None) -> dict[int, Beat]:
+    """Every rank's record (of ``instance`` only, when given: a requeued launch does not read the last one's)."""
+    found: dict[int, Beat] = {}
+    for path in sorted((Path(run_dir) / rundir.RANKS_DIR).glob(PROGRESS_GLOB)):
+        try:
+            beat = _beat(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # being replaced right now: the next look reads it
+        if beat is not None and (instance is None or beat.instance == instance):
+            found[beat.rank] = beat
+    return found
+
+
+@dataclass
+class Watch:
+    """What the watchdog knows: when it first saw each rank's latest beat (its own monotonic clock).
+
+    Armed at the first heartbeat of any rank; from then on a rank without one counts as silent since arming.
+    Ranks that ended (``ended``) or wrote their last beat (phase ``done``) are not waited for."""
+
+    world_size: int
+    timeout_s: float
+    instance: str
+    seen: dict[int, tuple[int, float]] = field(default_factory=dict)
+    beats: dict[int, Beat] = field(default_factory=dict)
+    armed_at: float | None = None
+
+    def update(self, beats: Mapping[int, Beat], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for rank, beat in beats.items():
+            if self.seen.get(rank, (None,))[0] != beat.beat:
+                self.seen[rank] = (beat.beat, now)
+            self.beats[rank] = beat
+        if self.armed_at is None and beats:
+            self.armed_at = now
+
+    def silent_s(self, rank: int, now: float) -> float:
+        assert self.armed_at is not None
+        return now - self.seen.get(rank, (None, self.armed_at))[1]
+
+    def waiting(self, ended: Sequence[int] = ()) -> list[int]:
+        return [r for r in range(self.world_size) if r not in ended
+                and not (r in self.beats and self.beats[r].phase in DONE_PHASES)]
+
+    def hung(self, now: float | None = None, ended: Sequence[int] = ()) -> bool:
+        """No rank still running has advanced for ``timeout_s`` (never before arming, never when off)."""
+        now = time.monotonic() if now is None else now
+        ranks = self.waiting(ended)
+        if self.timeout_s <= 0 or self.armed_at is None or not ranks:
+            return False
+        return min(self.silent_s(r, now) for r in ranks) >= self.timeout_s
+
+    def stopped_first(self, ended: Sequence[int] = ()) -> list[int]:
+        """The ranks that stopped first: the least progress, then the oldest last beat (ties: all of them)."""
+        ranks = self.waiting(ended)
+        key = {r: ((self.beats[r].step, self.seen[r][1]) if r in self.beats else (-1, -1.0)) for r in ranks}
+        least = min(key.values())
+        return [r for r in ranks if key[r] == least]
+
+
+@dataclass(frozen=True)
+class Stall:
+    """``status``'s view: how long since the slowest and the freshest rank advanced (wall clock)."""
+
+    last_progress_s: float
+    slowest: Beat
+    slowest_s: float
+
+
+def stall(run_dir: Path, now: float | None = None) -> Stall | None:
+    """The current launch's heartbeats as ``status`` reads them once (None without any, or when all are done)."""
+    beats = read_beats(run_dir)
+    if not beats:
+        return None
+    instance = max(beats.values(), key=lambda b: b.time).instance  # the newest launch's records only
+    mine = [b for b in beats.values() if b.instance == instance]
+    live = [b for b in mine if b.phase not in DONE_PHASES]
+    if not live:
+        return None
+    now = time.time() if now is None else now
+    slowest = min(live, key=lambda b: (b.time, b.rank))
+    return Stall(last_progress_s=max(0.0, now - max(b.time for b in live)), slowest=slowest,
+                 slowest_s=max(0.0, now - slowest.time))
+
+
+# --------------------------------------------------------------------------------------------------
+# Stacks: which rank is busy elsewhere while the others wait in a collective
+# --------------------------------------------------------------------------------------------------
+
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line \d+ in (?P<func>\S+)')
+WAITING_IN = ("/torch/distributed/", "/torch/nn/parallel/", "/torch/autograd/", "/hpc_train/train/loop/control.py",
+              "/torch/_tensor.py", "/torch/nn/modules/module.py")
+"""Innermost frames of a rank that waits for the others (a collective, DDP's backward, the ranks' agreement)."""
+
+
+def main_thread_frames(dump: str) -> list[tuple[str, str]]:
+    """(file, function) of the main thread's frames in a faulthandler dump, innermost first: the thread whose
+    outermost frame is the interpreter's entry (runpy, ``<module>``)."""
+    threads: list[list[tuple[str, str]]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            threads.append([])
+        elif threads and (m := _FRAME.match(line)):
+            threads[-1].append((m.group("file"), m.group("func")))
+    for frames in threads:
+        if frames and any(func == "<module>" or "runpy" in file for file, func in frames[-3:]):
+            return frames
+    return threads[0] if threads else []
+
+
+def busy_elsewhere(dump: str) -> bool | None:
+    """True when the main thread's innermost frame is outside a collective wait (the rank that holds the others
+    up), False when it waits in one, None when the dump shows no main thread."""
+    frames = main_thread_frames(dump)
+    if not frames:
+        return None
+    return not any(part in frames[0][0] for part in WAITING_IN)
+
+
+# --------------------------------------------------------------------------------------------------
+# Probing a hang: process states, stack dumps, the rank that stopped first
+# --------------------------------------------------------------------------------------------------
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` (R, S, D, T stopped, t traced, Z); ``gone`` when it has ended."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def stopped(state: str) -> bool:
+    return state in ("T", "t")
+
+
+def py_spy_dump(pid: int) -> str | None:
+    """``py-spy dump --nonblocking`` of ``pid`` when py-spy is on PATH (it reads a stopped process too)."""
+    tool = shutil.which("py-spy")
+    if tool is None:
+        return None
+    try:
+        out = subprocess.run([tool, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True,
+                             timeout=PY_SPY_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy dump failed: {exc}"
+    return (out.stdout + out.stderr).strip()
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one rank's process showed when the watchdog fired."""
+
+    rank: int
+    host: str
+    pid: int
+    state: str
+    stacks: str = ""
+    """Its faulthandler dump (what it wrote to its log after the signal), empty when it could not dump."""
+    py_spy: str | None = None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            return handle.read(1 << 20).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def probe_ranks(pids: Mapping[int, int], log_of: Callable[[int], Path], host: str | None = None) -> list[Probe]:
+    """State, stack dump and py-spy dump of each rank (``pids``: rank → pid on this host; ``log_of``: its log)."""
+    host = host or socket.gethostname()
+    states = {rank: process_state(pid) for rank, pid in pids.items()}
+    offsets = {rank: _size(log_of(rank)) for rank in pids}
+    for rank, pid in pids.items():
+        if states[rank] not in ("gone", "Z") and not stopped(states[rank]):
+            try:
+                os.kill(pid, DUMP_SIGNAL)
+            except OSError:
+                pass
+    spied = {rank: py_spy_dump(pid) for rank, pid in pids.items() if states[rank] not in ("gone", "Z")}
+    time.sleep(DUMP_WAIT_S)
+    return [Probe(rank, host, pid, states[rank], _read_from(log_of(rank), offsets[rank]), spied.get(rank))
+            for rank, pid in pids.items()]
+
+
+def suspects(probes: Sequence[Probe], watch: Watch, ended: Sequence[int] = ()) -> list[int]:
+    """The ranks that stopped first: stopped processes; else those busy outside a collective while the others
+    wait in one; else the least progress, oldest beat (:meth:`Watch.stopped_first`)."""
+    frozen = [p.rank for p in probes if stopped(p.state)]
+    if frozen:
+        return sorted(frozen)
+    busy = [p.rank for p in probes if p.stacks and busy_elsewhere(p.stacks)]
+    if busy and len(busy) < len(probes):
+        return sorted(busy)
+    return watch.stopped_first(ended)
+
+
+def hang_reason(ranks: Sequence[int], watch: Watch, probes: Sequence[Probe], now: float,
+                hosts: Mapping[int, str]) -> str:
+    """``hung: rank 3 on gpu07 made no progress for 900 s (last: epoch 12, step 40); rank 3 stopped (state T)``."""
+    first = ranks[0]
+    beat = watch.beats.get(first)
+
+    def host(rank: int) -> str:
+        return hosts.get(rank) or (watch.beats[rank].host if rank in watch.beats else "?")
+
+    who = f"rank {first} on {host(first)}"
+    if len(ranks) > 1:
+        who = "ranks " + ", ".join(f"{r} on {host(r)}" for r in ranks)
+    last = f" (last: {beat.where()})" if beat else " (no heartbeat yet)"
+    text = f"hung: {who} made no progress for {watch.silent_s(first, now):.0f} s{last}"
+    states = [f"rank {p.rank} stopped (state {p.state})" for p in probes if stopped(p.state)]
+    gone = [f"rank {p.rank} unreachable ({p.state})" for p in probes if p.state in ("gone", "unreachable")]
+    return "; ".join([text, *states, *gone])
+
+
+def stack_lines(probes: Sequence[Probe]) -> list[str]:
+    """The batch log's copy of what each rank showed (its stacks, or why it has none)."""
+    lines: list[str] = []
+    for p in probes:
+        if stopped(p.state):
+            lines.append(f"rank {p.rank} on {p.host} (pid {p.pid}): stopped (state {p.state}), cannot dump its stacks")
+        elif p.stacks.strip():
+            lines.append(f"rank {p.rank} on {p.host} (pid {p.pid}), state {p.state}: its Python stacks:")
+            lines.extend("    " + line for line in p.stacks.strip().splitlines())
+        else:
+            lines.append(f"rank {p.rank} on {p.host} (pid {p.pid}), state {p.state}: wrote no stacks")
+        if p.py_spy:
+            lines.append(f"rank {p.rank}: py-spy dump:")
+            lines.extend("    " + line for line in p.py_spy.splitlines())
+    return lines
