@@ -17,7 +17,7 @@ from typing import Any
 
 END_LINE = re.compile(r"^(\d+) epochs in ([\d.]+) s "
                       r"\(train ([\d,]+|-) img/s, eval ([\d,]+|-) img/s, set-up ([\d.]+) s\)$")
-"""The trainer's end line (``end_line`` in hpc_train/train/observe/report.py: rates with thousands separators,
+"""The trainer's end line (``end_line`` in hpc_train/train/observe/progress.py: rates with thousands separators,
 ``-`` for none)."""
 
 

@@ -334,7 +334,7 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initialises
     from .loop.context import RankContext
     from .loop.engine import Trainer
-    from .observe import report
+    from .observe import progress
 
     env = _check_launcher(spec)
     setup_logging(env.rank)
@@ -353,5 +353,5 @@ def run(spec: JobSpec, *, run_dir: str | None = None, dry_run: bool = False,
             return RunOutcome(stop.exit_code, path, {"preempted": True, "requeued": stop.requeued,
                                                      "checkpoint": stop.checkpoint}, str(stop))
         finally:
-            report.wait_for_pictures()  # drawn after the end line and summary.json, while the ranks took leave
+            progress.wait_for_pictures()  # drawn after the end line and summary.json, while the ranks took leave
         return RunOutcome(0, path, summary)

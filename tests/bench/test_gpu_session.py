@@ -47,7 +47,7 @@ def _session(tmp_path: Path, *args: str, session_s: int = 560,
              script: Path = SCRIPT) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run ``script`` with the stand-in as ``PYTHON`` (or, when ``script`` is a copy, as its repository's
     ``.venv/bin/python``, with no ``PYTHON`` set)."""
-    from hpc_train.train.observe.report import end_line
+    from hpc_train.train.observe.progress import end_line
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     stand_in = tmp_path / "python3" if script == SCRIPT else script.parents[1] / ".venv" / "bin" / "python"

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc_train.config import LossConfig, ModelConfig, OptimConfig, TrainConfig
 from hpc_train.rank.dist import DistEnv, init_process_group
+from hpc_train.train.loop.schedule import EpochRates
 from hpc_train.train.loop.step import GradAllReduce, StepState, TrainStep, build_optimizer
 from hpc_train.train.model.losses import build_loss
 from hpc_train.train.model.models import build_model
@@ -45,14 +46,14 @@ def main() -> None:
     results = {}
     for name in ("ddp", "all_reduce", "no_broadcast"):
         model = copy.deepcopy(base).train()
-        state = StepState.on(torch.device("cpu"))
-        state.begin_epoch([0.1, 0.05], 0)
-        optimizer = build_optimizer(cfg, list(model.parameters()), state.lr, captured=True)
+        state, rates = StepState.on(torch.device("cpu")), EpochRates(torch.device("cpu"))
+        rates.set_epoch([0.1, 0.05], 0)
+        optimizer = build_optimizer(cfg, list(model.parameters()), rates.tensor, captured=True)
         sync = None if name == "ddp" else GradAllReduce(model, world)
         if name == "no_broadcast":
             sync.before_forward = lambda: None
         step = TrainStep(forward=DDP(model) if name == "ddp" else model, criterion=criterion, optimizer=optimizer,
-                         state=state, autocast=contextlib.nullcontext, scaler=torch.amp.GradScaler("cpu", enabled=False),
+                         state=state, rates=rates, autocast=contextlib.nullcontext, scaler=torch.amp.GradScaler("cpu", enabled=False),
                          grad_sync=sync)
         seen = []
         for s in range(2):

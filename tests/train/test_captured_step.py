@@ -277,10 +277,10 @@ def test_mid_epoch_resume_on_the_formulation_equals_the_uninterrupted_run(tmp_pa
     stop_at = 3 * STEPS + 6  # epoch 4 (after the DRW switch and a milestone), mid-epoch, graphs replaying
     after_step = trainer._after_step
 
-    def signal_at(lr):
+    def signal_at():
         if trainer.global_step == stop_at - 1:
             preempt._handler(signal.SIGUSR2, None)
-        after_step(lr)
+        after_step()
 
     trainer._after_step = signal_at
     with pytest.raises(preempt.Preempted) as stopped:
@@ -344,7 +344,8 @@ def test_phase_changes_update_what_a_captured_step_reads_in_place(tmp_path, monk
         trainer.step.criterion.set_epoch(epoch)
         values[epoch] = weights.clone()
         trainer.step.plan = trainer.plan = trainer.feed.epoch_plan(trainer.sampler, epoch, 32, out=trainer.plan)
-        trainer.state.begin_epoch([0.01] * STEPS, 0)
+        trainer.rates.set_epoch([0.01] * STEPS, 0)
+        trainer.state.start_at(0)
         trainer.step.body("full")  # a warm-up step (the first one makes the momentum buffers)
         recorder = reads[epoch] = _Reads()
         trainer.step.guard = lambda: recorder
@@ -377,7 +378,8 @@ def test_the_guard_rejects_host_reads(tmp_path, monkeypatch):
     # A step that reads its loss back (as the progress line once did) fails under the guard.
     trainer = _trainer(make_spec(RECIPE), tmp_path / "run")
     trainer.step.plan = trainer.plan = trainer.feed.epoch_plan(trainer.sampler, 0, 32)
-    trainer.state.begin_epoch([0.01] * STEPS, 0)
+    trainer.rates.set_epoch([0.01] * STEPS, 0)
+    trainer.state.start_at(0)
     forward = trainer.step.criterion.forward
     monkeypatch.setattr(trainer.step.criterion, "forward", lambda *a: forward(*a) * (1.0 + 0.0 * forward(*a).item()))
     with pytest.raises(HostSyncError, match="_local_scalar_dense"):
@@ -394,7 +396,7 @@ def test_a_non_finite_loss_stops_the_run_with_a_clear_message(tmp_path, log_ever
                                  schedule={"name": "constant", "warmup_epochs": 0, "milestones": []},
                                  loss={"name": "ldam", "drw_epoch": 1}))
     trainer = _trainer(spec, tmp_path / "run")
-    from hpc_train.train.observe.report import NonFiniteLoss
+    from hpc_train.train.observe.progress import NonFiniteLoss
 
     with pytest.raises(NonFiniteLoss, match=rf"not finite \(nan or inf\), first seen at {where}") as err:
         trainer.fit()

@@ -58,7 +58,7 @@ def test_a_checkpoint_of_another_model_stops_the_restore_naming_it(tmp_path):
     # The trainer's load_state_dict starts with the model's: a checkpoint of another architecture (a job file
     # edited between runs) raised torch's RuntimeError as a traceback. The stand-in holds only a model (the
     # Stateful protocol the Checkpointer restores into); it cannot show the trainer's other keys.
-    from hpc_train.train.state.snapshots import Checkpointer
+    from hpc_train.train.state.checkpointer import Checkpointer
 
     class OneLayer:
         def __init__(self, width):

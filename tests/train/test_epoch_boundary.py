@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hpc_train.train.observe import overlap, report  # noqa: E402
+from hpc_train.train.observe import overlap, progress as progress_lines  # noqa: E402
 from hpc_train.train.state import checkpoint as ckpt  # noqa: E402
 
 from .helpers import deep_update, make_spec  # noqa: E402
@@ -43,11 +43,11 @@ def test_an_epochs_evaluation_is_read_an_epoch_late_and_evaluates_that_epoch(tmp
     trainer = _trainer(spec, tmp_path / "deferred")
     trainer.evaluator.background = deferred = overlap.Deferred(trainer.device)
     weights, written_at, snapshots = {}, {}, []
-    end_epoch, finish, save = trainer.end_epoch, trainer.evaluator.finish, trainer.best_held_out.save
+    end_epoch, finish, save = trainer.boundary.end_epoch, trainer.evaluator.finish, trainer.best_held_out.save
 
-    def keep_weights():
-        weights[trainer.epoch] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-        end_epoch()
+    def keep_weights(at):
+        weights[at.epoch] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        end_epoch(at)
 
     def note_when(pending):
         written_at[pending.meta["epoch"]] = trainer.global_step
@@ -57,7 +57,8 @@ def test_an_epochs_evaluation_is_read_an_epoch_late_and_evaluates_that_epoch(tmp
         snapshots.append((record["epoch"], {k: v.clone() for k, v in model.state_dict().items()}))
         save(record, model)
 
-    trainer.end_epoch, trainer.evaluator.finish, trainer.best_held_out.save = keep_weights, note_when, note_snapshot
+    trainer.boundary.end_epoch, trainer.evaluator.finish, trainer.best_held_out.save = (keep_weights, note_when,
+                                                                                        note_snapshot)
     trainer.fit()
     records = _records(tmp_path / "deferred")
     assert deferred.submitted == 4 and [r["epoch"] for r in records] == [1, 2, 3, 4]
@@ -87,11 +88,11 @@ class _Event:
 
 
 def test_progress_is_read_one_epoch_behind():
-    progress = report.Progress(torch.device("cpu"), printing=False)
+    progress = progress_lines.Progress(torch.device("cpu"), printing=False)
 
     def recorded(loss: float, marker: float) -> _Event:
         event = _Event()
-        progress._pending.append(report._Pending(torch.tensor([loss, marker]), event, None, "somewhere",
+        progress._pending.append(progress_lines._Pending(torch.tensor([loss, marker]), event, None, "somewhere",
                                                  progress._epoch))
         return event
 

@@ -25,9 +25,9 @@ RECIPES = ["cifar10_lt_ldam_drw_sam", "cifar100_lt_ldam_drw_sam", "cifar10_lt_mi
 
 @pytest.fixture(autouse=True)
 def _no_plot(monkeypatch):
-    from hpc_train.train.observe import report
+    from hpc_train.train.observe import progress
 
-    monkeypatch.setattr(report, "plot_per_class", lambda *args, **kwargs: False)  # 0.7 s of matplotlib a run
+    monkeypatch.setattr(progress, "plot_per_class", lambda *args, **kwargs: False)  # 0.7 s of matplotlib a run
 
 
 @pytest.fixture(scope="module")

@@ -369,7 +369,7 @@ def test_imbsam_is_imbalanced_sams_step():
     reference, ours = _net(), _net()
     ref_opt, our_opt = _sgd(reference), _sgd(ours)
     cfg = TrainConfig(optim=OptimConfig(sam_rho=0.05, sam_tail_below=eta))
-    from hpc_train.train.loop.phases import sharpness_aware
+    from hpc_train.train.loop.step import sharpness_aware
 
     sam = sharpness_aware(cfg, our_opt, COUNTS, torch.device("cpu"), None)
     assert sam.tail_classes.tolist() == [n < eta for n in COUNTS] and sam.tail_weight == 2.0

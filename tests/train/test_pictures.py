@@ -38,7 +38,7 @@ def _texts(fig: Figure) -> str:
 
 def test_the_per_class_plot_has_a_legend_the_regions_and_its_epoch(tmp_path, saved):
     pytest.importorskip("torch")
-    from hpc_train.train.observe.report import finish, wait_for_pictures
+    from hpc_train.train.observe.progress import finish, wait_for_pictures
 
     record = {"epoch": 7, "phase": "main", "top1": 0.5, "balanced": 0.5, "many": 0.9, "medium": 0.5, "few": 0.1,
               "per_class": [0.95, 0.9, 0.7, 0.6, 0.5, 0.4, 0.2, 0.1, 0.0, 0.1]}

@@ -79,9 +79,9 @@ def main() -> None:
     from hpc_train.train.data import datasets
     from hpc_train.train.loop.context import RankContext
     from hpc_train.train.loop.engine import Trainer
-    from hpc_train.train.observe import report
+    from hpc_train.train.observe import progress
 
-    report.plot_per_class = lambda *args, **kwargs: False  # 0.7 s of matplotlib per run; not what this checks
+    progress.plot_per_class = lambda *args, **kwargs: False  # 0.7 s of matplotlib per run; not what this checks
     out, names = Path(sys.argv[1]), sys.argv[2:] or list(CONFIGS)
     env = DistEnv.from_environ()
     if env.world_size > 1:

@@ -8,19 +8,21 @@ continue from it go into each checkpoint, so a run resumed from any checkpoint, 
 mid-epoch after a preemption signal, at the same or another world size, takes the same optimizer steps on
 the same batches with the same augmentations as one that never stopped.
 
-The jobs around the loop have their own modules: the step (:mod:`.step`, :mod:`.lean`) and its CUDA graphs
-(:mod:`.graphs`), the epoch boundary, checkpoints, preemption and the end (:mod:`.boundary`), evaluation
-(:mod:`.evaluation`, in the background: :mod:`.overlap`), checkpoint capture and restore (:mod:`.snapshots`),
-the agreement between ranks (:mod:`.control`) and the end-of-run report (:mod:`.report`). The host does
-not wait for the GPU inside an epoch nor between epochs: losses are read behind the steps, ranks agree on the
-CPU, an epoch's evaluation is read when the next one ends.
+The Trainer owns the run's state (model, optimizer, position) and reads as the loop: :meth:`Trainer.fit` runs
+:meth:`~Trainer.fit_epoch` until the last epoch, each of which is :meth:`~Trainer.train_epoch` then the epoch
+boundary. The jobs around the loop are objects it composes, each owning its own state: the step (:mod:`.step`,
+:mod:`.lean`, :mod:`.sam`) and its CUDA graphs (:mod:`.graphs`), the epoch's learning rates
+(:class:`~.schedule.EpochRates`), the epoch boundary with its checkpoint clock, pending evaluation and
+preemption (:mod:`.boundary`), evaluation (:mod:`.evaluation`, in the background: :mod:`.overlap`), checkpoint
+capture and restore (:mod:`.checkpointer`), the agreement between ranks (:mod:`.control`) and the progress lines
+and end-of-run report (:mod:`.progress`). The host does not wait for the GPU inside an epoch nor between epochs:
+losses are read behind the steps, ranks agree on the CPU, an epoch's evaluation is read when the next one ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +40,18 @@ from ..model import two_stage
 from ..model.batchnorm import broadcast_buffers, synchronise_batchnorm
 from ..model.losses import build_loss
 from ..model.models import LongTailNet, init_model
-from ..observe import report
-from ..observe.evaluation import Evaluator
+from ..observe import progress as progress_lines
+from ..observe.evaluation import Evaluator, Head
 from ..observe.pulse import Pulse
 from ..state import checkpoint as ckpt
 from ..state.best_held_out import BestHeldOut
-from ..state.snapshots import Checkpointer
-from . import graphs, phases
-from .boundary import EpochBoundary
+from ..state.checkpointer import Checkpointer
+from . import graphs
+from .boundary import EpochBoundary, Position, RunStatus
 from .context import RankContext
 from .control import Agreement
-from .schedule import LrSchedule, scaled_lr
-from .step import StepState, build_optimizer, reads_tensor_lr
+from .schedule import EpochRates, LrSchedule, reads_tensor_lr, scaled_lr
+from .step import StepState, assemble_step, build_optimizer
 
 log = logging.getLogger("hpc_train.train")
 
@@ -63,7 +65,10 @@ def stored_dtype(cfg, amp_dtype: torch.dtype | None) -> torch.dtype:
     return amp_dtype if lossless else torch.float32
 
 
-class Trainer(EpochBoundary):
+class Trainer:
+    """One rank's training: it owns what a checkpoint holds (:meth:`state_dict`) and runs the loop (:meth:`fit`);
+    the objects it composes are handed what they need once (module docstring)."""
+
     def __init__(self, spec: JobSpec, ctx: RankContext, data: DataSource, run_dir: Path) -> None:
         t = spec.train
         self.spec, self.cfg, self.ctx, self.data, self.run_dir = spec, t, ctx, data, run_dir
@@ -79,17 +84,8 @@ class Trainer(EpochBoundary):
         if t.mixup_alpha and not data.in_memory:
             raise ConfigError(f"train.mixup_alpha mixes in-memory data sets; {data.name} streams from disk: set it to 0")
 
-        model = init_model(t, data)
         self.batchnorm = batchnorm_decision(t, ctx.world_size)
-        bn_kernel = self.batchnorm.kernel(ctx.world_size if ctx.distributed else 1, self.device.type)
-        if bn_kernel != "batchnorm":
-            model = synchronise_batchnorm(model, bn_kernel)
-            if ctx.is_main:
-                log.info("BatchNorm %s", self.batchnorm.describe())
-        model = model.to(self.device)
-        if t.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        self.model: LongTailNet = model
+        self.model: LongTailNet = self._placed_model()
         # Gradients are averaged over the ranks that train together (DDP); the losses scale by it.
         ranks = ctx.world_size if ctx.distributed else 1
         self.criterion = build_loss(t.loss, self.counts, ranks).to(self.device)
@@ -107,33 +103,52 @@ class Trainer(EpochBoundary):
         if t.compile:
             graphs.set_compile_cache(t)
         self.state = StepState.on(self.device)
+        self.rates = EpochRates(self.device)
         self.agreement = Agreement(ctx.distributed, timeout_s=t.process_group_timeout_s)
         self.checkpointer = Checkpointer(run_dir, self.device, keep=t.keep_checkpoints, writer=ctx.is_main,
                                          train_state=self)
         self.best_held_out = BestHeldOut(run_dir, self.checkpointer, self.agreement.barrier, is_main=ctx.is_main)
-        self.clock = report.RunClock(self.device)
+        self.clock = progress_lines.RunClock(self.device)
         self.evaluator = Evaluator(self.model, self.feed, num_classes=data.num_classes, batch_size=t.eval_batch_size,
                                    distributed=ctx.distributed, autocast=self._autocast, train_counts=self.counts,
                                    posthoc_tau=t.loss.posthoc_tau, run_dir=run_dir, is_main=ctx.is_main,
                                    tensorboard=t.tensorboard, clock=self.clock,
                                    logit_scale=t.loss.ldam_scale if t.model.classifier == "cosine" else 1.0)
-        self.progress = report.Progress(self.device, printing=ctx.is_main)
+        self.progress = progress_lines.Progress(self.device, printing=ctx.is_main)
         self.plan: EpochPlan | None = None
         self._next_tables: dict[tuple[str, int], dict] = {}
         self.runner: graphs.CapturedSteps | None = None
-        self.pulse = Pulse(ctx, self.agreement.group)  # heartbeats, compute times per rank (observe/pulse.py)
+        # heartbeats, compute times per rank (observe/pulse.py)
+        self.pulse = Pulse(self.device, self.agreement.group, rank=ctx.rank, world_size=ctx.world_size,
+                           hostname=ctx.env.hostname, distributed=ctx.distributed, run_dir=run_dir)
+        self.status = RunStatus(run_dir, writer=ctx.is_main)
+        self.boundary = EpochBoundary(t, requeue_enabled=spec.slurm.requeue, max_requeues=spec.slurm.max_requeues,
+                                      run_dir=run_dir, is_main=ctx.is_main, state=self.state, progress=self.progress,
+                                      agreement=self.agreement, pulse=self.pulse, evaluator=self.evaluator,
+                                      best_held_out=self.best_held_out, checkpointer=self.checkpointer,
+                                      has_val=data.val is not None, status=self.status)
 
         self.epoch = 0
         self.step_in_epoch = 0
         self.global_step = 0
         self.phase = ""
-        self._saved_at_step = -1
-        self._last_checkpoint_s = time.monotonic()
-        self._checkpoint_asked = False
-        self._last_lr: float | None = None
 
         if self.checkpointer.restore() is None:  # else load_state_dict put this trainer where it left off
             self._setup_phase("main", starting=True)
+
+    def _placed_model(self) -> LongTailNet:
+        """The model, its BatchNorm synchronised as decided, on this rank's device in its memory format."""
+        t, ctx = self.cfg, self.ctx
+        model = init_model(t, self.data)
+        bn_kernel = self.batchnorm.kernel(ctx.world_size if ctx.distributed else 1, self.device.type)
+        if bn_kernel != "batchnorm":
+            model = synchronise_batchnorm(model, bn_kernel)
+            if ctx.is_main:
+                log.info("BatchNorm %s", self.batchnorm.describe())
+        model = model.to(self.device)
+        if t.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        return model
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -159,7 +174,7 @@ class Trainer(EpochBoundary):
         self.sampler.epoch, self.sampler.step = self.epoch, self.step_in_epoch
         optimizer = self.optimizer.state_dict()
         if reads_tensor_lr(self.optimizer):  # the file keeps the number (the host knows it: nothing is read back)
-            lr = self.schedule.base_lr if self._last_lr is None else self._last_lr
+            lr = self.rates.checkpoint_lr()
             optimizer["param_groups"] = [{**g, "lr": lr} for g in optimizer["param_groups"]]
         return {
             "format": ckpt.FORMAT_VERSION, "phase": self.phase, "epoch": self.epoch,
@@ -167,7 +182,7 @@ class Trainer(EpochBoundary):
             "steps_per_epoch": self.steps_per_epoch, "world_size": ctx.world_size,
             "model": self.model.state_dict(), "optimizer": optimizer,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "scheduler": self.schedule.state_dict(), "sampler": self.sampler.state_dict(),
+            "scheduler": self.rates.schedule.state_dict(), "sampler": self.sampler.state_dict(),
             "rng": rng, **self.evaluator.state_dict(), "train_counts": self.counts, "stage1": self.stage1,
             "max_norm_radius": None if self.max_norm is None else self.max_norm.radius,
         }
@@ -201,7 +216,7 @@ class Trainer(EpochBoundary):
         self.sampler.load_state_dict(state["sampler"])
         if len(state["rng"]) == ctx.world_size:
             ckpt.set_rng_state(state["rng"][ctx.rank])
-        self._saved_at_step = self.global_step
+        self.boundary.clock.resumed_at(self.global_step)  # a checkpoint now would be this one again
 
     # ------------------------------------------------------------------------------------------
     # Phases
@@ -214,8 +229,7 @@ class Trainer(EpochBoundary):
         self.phase, decay = phase, None
         if phase == "main":
             params = list(self.model.parameters())
-            lr, schedule_cfg, epochs = scaled_lr(t, t.optim.lr), t.schedule, t.epochs
-            self.phase_start_epoch = 0
+            lr, schedule_cfg, epochs, first_epoch = scaled_lr(t, t.optim.lr), t.schedule, t.epochs, 0
         else:  # stage 2 (cRT and its relatives): the classifier on frozen features
             if starting:
                 torch.manual_seed(derive_seed("crt", t.seed))
@@ -226,21 +240,19 @@ class Trainer(EpochBoundary):
                     self.max_norm = two_stage.MaxNorm.start(self.model.classifier, two.crt_max_norm)
             params = two_stage.freeze_backbone(self.model)
             lr, epochs, decay = scaled_lr(t, two.crt_lr), two.crt_epochs, two.crt_weight_decay
-            schedule_cfg = ScheduleConfig(name="cosine", update=two.crt_lr_update)
-            self.phase_start_epoch = t.epochs
+            schedule_cfg, first_epoch = ScheduleConfig(name="cosine", update=two.crt_lr_update), t.epochs
         self.sampler = stage_sampler(t, self.data.train.labels, self.data.num_classes, phase)
         self.steps_per_epoch = self.sampler.steps_per_epoch(t.batch_size)
         if self.steps_per_epoch == 0:
             raise ConfigError(f"{self.data.name} has no training images")
-        self.schedule = LrSchedule(schedule_cfg, lr, epochs)
-        self.state.lr.fill_(lr)
-        self.optimizer = build_optimizer(t, params, self.state.lr, captured=self.captured, weight_decay=decay)
+        self.rates.start_phase(LrSchedule(schedule_cfg, lr, epochs), first_epoch=first_epoch)
+        self.optimizer = build_optimizer(t, params, self.rates.tensor, captured=self.captured, weight_decay=decay)
         criterion = self.criterion if phase == "main" else self.crt_criterion
         criterion.reserve(t.batch_size, torch.float32, self.device)
-        self.train_model, self.step = phases.assemble_step(
+        self.train_model, self.step = assemble_step(
             t, self.model, self.ctx, captured=self.captured, criterion=criterion, optimizer=self.optimizer,
-            state=self.state, counts=self.counts, autocast=self._autocast, scaler=self.scaler, main=phase == "main",
-            images=self.feed.train_images() if self.data.in_memory else None, amp_dtype=self.amp_dtype)
+            state=self.state, rates=self.rates, counts=self.counts, autocast=self._autocast, scaler=self.scaler,
+            main=phase == "main", images=self.feed.train_images() if self.data.in_memory else None, amp_dtype=self.amp_dtype)
         self.pulse.attach(getattr(self.train_model, "_orig_mod", self.train_model))  # the DDP model under compile
         self.plan = None  # the plan's shapes are the phase's
         self.runner = graphs.CapturedSteps(self.step, self.device, agree=self.agreement.agree_all,
@@ -267,21 +279,26 @@ class Trainer(EpochBoundary):
     def total_steps(self) -> int:
         return self.total_epochs * self.steps_per_epoch
 
+    def position(self) -> Position:
+        """Where training stands now (what the epoch boundary and the status record are handed)."""
+        return Position(phase=self.phase, epoch=self.epoch, step_in_epoch=self.step_in_epoch,
+                        global_step=self.global_step, total_epochs=self.total_epochs)
+
     def fit(self) -> dict[str, Any]:
         t = self.cfg
         self.clock.begin()
         self.progress.start(self.global_step)
-        self._first_epoch = self.epoch
-        self._write_status(rundir.RUNNING)
+        first_epoch = self.epoch
+        self.status.write(rundir.RUNNING, self.position())
         if self.global_step == 0 and self.ctx.is_main:
             log.info("training %s: %d epochs (+%d cRT), %d steps per epoch, batch %d (%d per rank x %d ranks)",
                      self.data.name, t.epochs, t.two_stage.crt_epochs, self.steps_per_epoch, t.batch_size,
                      t.batch_size // self.ctx.world_size, self.ctx.world_size)
         if self.ctx.is_main:
-            report.prepare_pictures()
+            progress_lines.prepare_pictures()
         while self.epoch < self.total_epochs:
             self.fit_epoch()
-        self.settle_evaluation()  # recorded already by the last checkpoint; nothing may stay unread
+        self.boundary.settle_evaluation(self.position())  # recorded already by the last checkpoint; none unread
         self.checkpointer.wait()
         tau_record = None
         if t.two_stage.tau_norm:
@@ -289,18 +306,17 @@ class Trainer(EpochBoundary):
                 self.model.load_state_dict(self._best_held_out_weights())
             tau_record = self.evaluator.tau_normalise(self.stage1, epoch=self.epoch, global_step=self.global_step)
             self.phase = "tau_norm"
-        return self._finish(tau_record)
+        return self._finish(tau_record, epochs_run=self.total_epochs - first_epoch)
 
     def fit_epoch(self) -> None:
         """One epoch of :meth:`fit`: its steps, then its end (:meth:`~.boundary.EpochBoundary.end_epoch`: agree,
         evaluate in the background, checkpoint when due, stop if preempted)."""
-        t = self.cfg
-        if self.epoch >= t.epochs and self.phase == "main":
+        if self.epoch >= self.cfg.epochs and self.phase == "main":
             self._setup_phase("crt", starting=True)
         self.train_epoch()
         if self.max_norm is not None and self.phase == "crt":
             self.max_norm.project(self.model.classifier)  # once per epoch, after its steps (weight balancing)
-        self.end_epoch()
+        self.boundary.end_epoch(self.position())
 
     def train_epoch(self) -> None:
         """The optimizer steps of the current epoch, from ``step_in_epoch`` on."""
@@ -310,10 +326,9 @@ class Trainer(EpochBoundary):
         self.train_model.train()
         if self.phase == "crt" and t.two_stage.crt_bn == "frozen":
             self.model.backbone.eval()  # stage 1's BatchNorm statistics (classifier-balancing re-estimates them)
-        local_epoch, start = self.epoch - self.phase_start_epoch, self.step_in_epoch
-        lrs = [self.schedule.lr(local_epoch, s, self.steps_per_epoch) for s in range(self.steps_per_epoch)]
-        self.state.begin_epoch(lrs, start)
-        self.step.host_lrs = lrs
+        start = self.step_in_epoch
+        self.rates.start_epoch(self.epoch, self.steps_per_epoch, start)
+        self.state.start_at(start)
         self.clock.start("train")
         if self.data.in_memory:
             made = self._next_tables.pop((self.phase, self.epoch), None)
@@ -321,30 +336,30 @@ class Trainer(EpochBoundary):
                                                               tables=made, with_mixup=self.phase == "main")
             for step in range(start, self.steps_per_epoch):
                 kind = "full" if step < self.plan.full_steps else "last"
-                self.step.host_step = step
                 if self.runner is not None:
                     self.runner.run(kind)
                 else:
                     self.step.body(kind)
-                self._after_step(lrs[step])
+                self._after_step()
             if self.epoch + 1 < (t.epochs if self.phase == "main" else self.total_epochs):
                 # The next epoch's tables, made on the CPU while the GPU works through this one's steps.
                 self._next_tables = {(self.phase, self.epoch + 1): self.feed.plan_tables(
                     self.sampler, self.epoch + 1, t.batch_size, with_mixup=self.phase == "main")}
         else:
             for x, y, y_global in self.feed.train_batches(self.sampler, self.epoch, t.batch_size, start):
-                self.step.host_step = self.step_in_epoch
                 self.step.compute(x, y, y_global)
-                self._after_step(lrs[self.step.host_step])
+                self._after_step()
         self.clock.stop("train", max(0, self.sampler.num_samples - start * t.batch_size))
         self.epoch += 1
         self.step_in_epoch = 0
 
-    def _after_step(self, lr: float) -> None:
+    def _after_step(self) -> None:
+        """The host's share of a step: count it, a progress line every ``log_every_steps``, the ranks' agreement
+        every ``preempt_check_every_steps``."""
         t = self.cfg
+        lr = self.rates.took(self.step_in_epoch)
         self.step_in_epoch += 1
         self.global_step += 1
-        self._last_lr = lr
         if self.global_step % t.log_every_steps == 0:
             self.progress.step_line(self.state, epoch=self.epoch, total_epochs=self.total_epochs,
                                     step=self.step_in_epoch, steps=self.steps_per_epoch, global_step=self.global_step,
@@ -352,11 +367,32 @@ class Trainer(EpochBoundary):
         elif self.device.type == "cuda":
             self.progress.flush(wait=False)
         if self.global_step % t.preempt_check_every_steps == 0:
-            flags = self.agreement.poll(self._my_flags())
-            self.pulse.beat(self)
-            if flags.nonfinite:
-                self._stop_nonfinite()
-            if flags.stop:
-                self._preempt(flags.requeue)
-            if flags.checkpoint and t.checkpoint_every_s:
-                self.save_checkpoint(wait=False)  # written in the background while training goes on
+            self.boundary.check_step(self.position())
+
+    def save_checkpoint(self, *, wait: bool = True) -> Path:
+        """A checkpoint of the state now (:meth:`~.boundary.EpochBoundary.save_checkpoint`); its path."""
+        return self.boundary.save_checkpoint(self.position(), wait=wait)
+
+    # ------------------------------------------------------------------------------------------
+    # Evaluation now, and the end
+    # ------------------------------------------------------------------------------------------
+
+    def heads(self) -> dict[str, Head]:
+        return self.evaluator.heads()
+
+    def evaluate(self, split: str, heads: dict[str, Head]) -> dict[str, tuple[list, list]]:
+        """Per-class [correct, count] of each head on ``split``, summed over ranks, now (one host read)."""
+        return self.evaluator.evaluate({split: heads})[split]
+
+    def _finish(self, tau_record: dict[str, Any] | None, *, epochs_run: int) -> dict[str, Any]:
+        timing = {**self.clock.timing(epochs_run),
+                  **graphs.graph_facts(self.captured, self.graphs_reason, self.runner, compiled=self.cfg.compile),
+                  "checkpoint_stall_ms_max": round(1000 * max(self.checkpointer.stall_s, default=0.0), 2)}
+        summary = progress_lines.finish(
+            run_dir=self.run_dir, data_name=self.data.name, num_classes=self.data.num_classes,
+            total_epochs=self.total_epochs, global_step=self.global_step, world_size=self.ctx.world_size,
+            counts=self.counts, best=self.best, last=self.last, best_on_test=self.evaluator.best_on_test,
+            tau_record=tau_record, timing=timing, is_main=self.ctx.is_main)
+        self.status.write(rundir.COMPLETED, self.position(), exit_code=rundir.EXIT_OK)
+        self.pulse.beat(global_step=self.global_step, epoch=self.epoch, phase="done", force=True)
+        return summary

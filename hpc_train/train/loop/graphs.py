@@ -1,4 +1,5 @@
-"""CUDA graphs of the whole training step, and torch.compile around it.
+"""CUDA graphs of the whole training step, and torch.compile's cache and graph count (the step compiles its
+module: :func:`~.step.compile_module`).
 
 Following PyTorch's CUDA-semantics notes on whole-network capture: every batch shape of a phase (the
 full global batch, and the epoch's short last one) gets its own graph. A shape's first occurrences
@@ -80,12 +81,6 @@ def set_compile_cache(cfg: TrainConfig) -> str | None:
         path.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-
-
-def compile_module(module: torch.nn.Module) -> torch.nn.Module:
-    """``torch.compile`` with static shapes: one graph per batch shape used (full and last batch), none
-    dynamic, and no recompilation after that (the GPU check counts them: :func:`compiled_graphs`)."""
-    return torch.compile(module, dynamic=False)
 
 
 def compiled_graphs() -> int:

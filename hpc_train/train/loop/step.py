@@ -4,9 +4,9 @@ arithmetic of the per-batch loop it replaced.
 
 Everything that changes from step to step lives in device tensors the step reads or updates in place
 (:class:`StepState`): the position in the epoch (which row of the epoch's :class:`~.plan.EpochPlan`
-is this step's batch, augmentation and targets), the learning rate (a tensor the fused optimizer reads; the
-epoch's rates are a table indexed by the position, read into it by one ``index_select``), the last loss and a
-value that turns NaN at a non-finite loss. The DRW class weights and LDAM margins are buffers of the loss,
+is this step's batch, augmentation and targets), the last loss and a value that turns NaN at a non-finite
+loss; the learning rate is the epoch's rates' (:class:`~.schedule.EpochRates`: a table the position indexes,
+read into the tensor the fused optimizer reads by one ``index_select``). The DRW class weights and LDAM margins are buffers of the loss,
 switched in place by ``set_epoch``. So a step is the same kernels reading the same addresses every time, and
 the host's only per-step work is to launch it (or to replay its graph).
 
@@ -29,6 +29,12 @@ the partners' images, targets and λ come from the epoch plan, drawn per global 
 Where the step runs the plain model, it runs it through :class:`~.lean.LeanForward`: under AMP on one copy of
 the weights in the compute dtype, refreshed after every optimizer step, and with BatchNorm's counters advanced
 together (:mod:`.lean`).
+
+A phase's step is put together here too (:func:`assemble_step`; the Trainer builds the rest of a phase). Eager
+steps at world size > 1 go through DDP, whose bucketed all-reduce overlaps the backward pass. A captured step
+cannot replay DDP's hooks, and SAM's step backpropagates twice per forward pass (ImbSAM) or runs two
+forward-backward pairs per optimizer step: both use the plain model with :class:`GradAllReduce` after every
+backward pass, so SAM's ascent gradient is the global batch's before the weights move.
 """
 
 from __future__ import annotations
@@ -44,8 +50,10 @@ from torch import Tensor, nn
 from ...config import TrainConfig
 from ..data.pipeline import DeviceImages, EpochPlan
 from ..model.batchnorm import broadcast_buffers
+from .context import RankContext
 from .lean import ComputeWeights, LeanForward
 from .sam import SharpnessAware
+from .schedule import EpochRates
 
 
 def eager_forward(model: nn.Module, strategy: str, device: torch.device, *, distributed: bool) -> nn.Module:
@@ -64,16 +72,10 @@ def eager_forward(model: nn.Module, strategy: str, device: torch.device, *, dist
 
 @dataclass
 class StepState:
-    """The per-step values, on the device (see the module docstring)."""
+    """The per-step values, on the device (see the module docstring); the rate is :class:`~.schedule.EpochRates`'."""
 
     position: Tensor
-    """``(1,)`` int64: the step's index in the epoch (row of the plan and of ``lr_table``)."""
-    lr_box: Tensor
-    """``(1,)`` float32: where the step reads its rate into (``index_select(..., out=)``: one operation)."""
-    lr: Tensor
-    """0-dim float32, a view of ``lr_box``: the learning rate the optimizer reads."""
-    lr_table: Tensor
-    """``(steps per epoch,)`` float32: the epoch's learning rates, refilled each epoch."""
+    """``(1,)`` int64: the step's index in the epoch (row of the plan and of the epoch's rates)."""
     loss: Tensor
     """0-dim float32: the last step's loss (this rank's share)."""
     nonfinite: Tensor
@@ -84,22 +86,14 @@ class StepState:
 
     @classmethod
     def on(cls, device: torch.device) -> "StepState":
-        box = torch.zeros(1, dtype=torch.float32, device=device)
-        return cls(position=torch.zeros(1, dtype=torch.int64, device=device), lr_box=box, lr=box.view(()),
-                   lr_table=torch.zeros(0, dtype=torch.float32, device=device),
+        return cls(position=torch.zeros(1, dtype=torch.int64, device=device),
                    loss=torch.zeros((), dtype=torch.float32, device=device),
                    nonfinite=torch.zeros((), dtype=torch.float32, device=device),
                    zero=torch.zeros((), dtype=torch.float32, device=device))
 
-    def begin_epoch(self, lrs: Sequence[float], start_step: int) -> None:
-        """The epoch's learning rates (computed on the host, rounded to float32 as the optimizer would)
-        and the step to start from; in place, stream-ordered after the steps already queued."""
-        table = torch.tensor(list(lrs), dtype=torch.float32)
-        if self.lr_table.shape != table.shape:
-            self.lr_table = torch.empty_like(table, device=self.position.device)
-        pinned = table.pin_memory() if self.position.device.type == "cuda" else table
-        self.lr_table.copy_(pinned, non_blocking=True)
-        self.position.fill_(start_step)
+    def start_at(self, step: int) -> None:
+        """The epoch's steps start at ``step`` (in place, stream-ordered after the steps already queued)."""
+        self.position.fill_(step)
 
 
 def build_optimizer(cfg: TrainConfig, params: list[nn.Parameter], lr: Tensor, *, captured: bool,
@@ -114,10 +108,6 @@ def build_optimizer(cfg: TrainConfig, params: list[nn.Parameter], lr: Tensor, *,
     if captured:  # capturable: torch refuses to capture the step of an optimizer built without it
         return torch.optim.AdamW(params, lr=lr, weight_decay=decay, fused=True, capturable=True)
     return torch.optim.AdamW(params, lr=float(lr), weight_decay=decay)
-
-
-def reads_tensor_lr(optimizer: torch.optim.Optimizer) -> bool:
-    return all(isinstance(g["lr"], Tensor) for g in optimizer.param_groups)
 
 
 class GradAllReduce:
@@ -159,19 +149,16 @@ class TrainStep:
     :class:`~.guard.NoHostSync` there)."""
 
     def __init__(self, *, forward: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer,
-                 state: StepState, autocast: Callable[[], contextlib.AbstractContextManager],
+                 state: StepState, rates: EpochRates, autocast: Callable[[], contextlib.AbstractContextManager],
                  scaler: torch.amp.GradScaler, grad_sync: GradAllReduce | None = None,
                  images: DeviceImages | None = None, sam: SharpnessAware | None = None) -> None:
         self.forward, self.criterion, self.optimizer = forward, criterion, optimizer
         self.state, self.autocast, self.scaler, self.grad_sync, self.images = state, autocast, scaler, grad_sync, images
-        self.sam = sam
+        self.sam, self.rates = sam, rates
         self.weights: ComputeWeights | None = forward.weights if isinstance(forward, LeanForward) else None
         """The copy of the weights in the compute dtype the forward pass reads (:mod:`.lean`), or None."""
         self.plan: EpochPlan | None = None
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.host_lrs: list[float] = []
-        self.host_step = 0
-        """The step's index in the epoch, as the host counts it (for a float-lr optimizer)."""
         self.guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def body(self, kind: str) -> None:
@@ -196,12 +183,7 @@ class TrainStep:
 
     def _step(self, x: Tensor, y: Tensor, y_global: Tensor, mixed: Mixed | None = None) -> None:
         state = self.state
-        if reads_tensor_lr(self.optimizer):
-            torch.index_select(state.lr_table, 0, state.position, out=state.lr_box)
-        else:  # plain AdamW (eager only): the host knows the rate
-            rate = self.host_lrs[self.host_step]
-            for group in self.optimizer.param_groups:
-                group["lr"] = rate
+        self.rates.load(self.optimizer, state.position)
         if mixed is not None:
             x = mixed.lam * x + (1 - mixed.lam) * mixed.x
         if self.sam is not None:
@@ -266,3 +248,74 @@ class TrainStep:
             done = sam.imbalanced_step(terms, self.optimizer)
         self.weights_moved()
         return done
+
+
+# ------------------------------------------------------------------------------------------------------
+# A phase's step, put together
+# ------------------------------------------------------------------------------------------------------
+
+
+def compile_module(module: nn.Module) -> nn.Module:
+    """``torch.compile`` with static shapes: one graph per batch shape used (full and last batch), none
+    dynamic, and no recompilation after that (the GPU check counts them: :func:`~.graphs.compiled_graphs`)."""
+    return torch.compile(module, dynamic=False)
+
+
+def sharpness_aware(cfg: TrainConfig, optimizer: torch.optim.Optimizer, counts: Sequence[int],
+                    device: torch.device, grad_sync: GradAllReduce | None,
+                    weights: ComputeWeights | None = None) -> SharpnessAware | None:
+    """SAM, or ImbSAM with ``optim.sam_tail_below``, over the optimizer's parameters (None when ``sam_rho`` is 0);
+    ``weights``: the compute copy the forward passes read (:mod:`.lean`)."""
+    o = cfg.optim
+    if not o.sam_rho:
+        return None
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    tail = None
+    if o.sam_tail_below:
+        tail = torch.tensor([n < o.sam_tail_below for n in counts], dtype=torch.bool, device=device)
+
+    def sync() -> None:
+        if weights is not None:
+            weights.to_params()
+        if grad_sync is not None:
+            grad_sync.after_backward(params)
+
+    moved = None if weights is None else weights.refresh
+    return SharpnessAware(params, o.sam_rho, tail_classes=tail, tail_weight=o.sam_tail_weight, sync=sync,
+                          moved=moved)
+
+
+def lean_forward(cfg: TrainConfig, model: nn.Module, amp_dtype: torch.dtype | None) -> LeanForward:
+    """The plain model through :class:`~.lean.LeanForward`, on a copy of its weights in the AMP dtype unless
+    ``amp_weight_copy`` is off (autocast then casts them in every pass)."""
+    copy = amp_dtype is not None and cfg.amp_weight_copy
+    return LeanForward(model, ComputeWeights(model.backbone, amp_dtype) if copy else None)
+
+
+def assemble_step(cfg: TrainConfig, model: nn.Module, ctx: RankContext, *, captured: bool, criterion: nn.Module,
+                  optimizer: torch.optim.Optimizer, state: StepState, rates: EpochRates, counts: Sequence[int],
+                  autocast: Callable[[], contextlib.AbstractContextManager], scaler: torch.amp.GradScaler,
+                  images: DeviceImages | None, main: bool,
+                  amp_dtype: torch.dtype | None = None) -> tuple[nn.Module, TrainStep]:
+    """The phase's forward module and its :class:`TrainStep` (see the module docstring); SAM applies to the main
+    stage (``main``), not to stage 2's classifier. The plain model runs as :func:`lean_forward` (``amp_dtype``: the
+    AMP dtype, None without AMP); DDP, DataParallel and compile take the model as it is."""
+    sharp = bool(cfg.optim.sam_rho) and main
+    grad_sync = None
+    if captured or (sharp and ctx.distributed):  # the all-reduce is in the step
+        if ctx.distributed:
+            grad_sync = GradAllReduce(model, ctx.world_size)
+            for p in model.parameters():  # as DDP's constructor does
+                dist.broadcast(p.data, 0)
+        forward: nn.Module = compile_module(model) if cfg.compile else lean_forward(cfg, model, amp_dtype)
+    else:
+        forward = eager_forward(model, cfg.strategy, ctx.device, distributed=ctx.distributed)
+        if cfg.compile:
+            forward = compile_module(forward)
+        elif forward is model:
+            forward = lean_forward(cfg, model, amp_dtype)
+    weights = forward.weights if isinstance(forward, LeanForward) else None
+    sam = sharpness_aware(cfg, optimizer, counts, ctx.device, grad_sync, weights) if sharp else None
+    step = TrainStep(forward=forward, criterion=criterion, optimizer=optimizer, state=state, rates=rates,
+                     autocast=autocast, scaler=scaler, grad_sync=grad_sync, images=images, sam=sam)
+    return forward, step

@@ -1,3 +1,3 @@
-"""What a run reports: evaluation, metrics, the end-of-run report (report) and
-TensorBoard event files (tensorboard).
+"""What a training run reports of itself: evaluation, metrics, the progress lines and end-of-run summary
+(progress), the heartbeat and compute times (pulse, stragglers) and TensorBoard event files (tensorboard).
 """

@@ -40,7 +40,7 @@ from ..model.models import LongTailNet
 from ..model.two_stage import TAU_GRID, backbone_buffers, snapshot, tau_heads
 from .metrics import ECE_BINS, expected_calibration_error, summarize
 from .overlap import Background, Result, Snapshot
-from .report import RunClock
+from .progress import RunClock
 from .tensorboard import write_metrics
 
 log = logging.getLogger("hpc_train.train")

@@ -8,8 +8,10 @@ Where the loop calls it: every ``preempt_check_every_steps`` (where the ranks al
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ...rank import heartbeat
@@ -17,9 +19,13 @@ from .stragglers import ComputeTimes
 
 
 class Pulse:
-    def __init__(self, ctx: Any, group: Any) -> None:
-        self.compute = ComputeTimes(ctx.device, group, rank=ctx.rank, world_size=ctx.world_size,
-                                    host=ctx.env.hostname) if ctx.distributed else None
+    """This rank's heartbeat and, with several ranks, its compute times (written by rank 0 to ``run_dir``)."""
+
+    def __init__(self, device: torch.device, group: Any, *, rank: int, world_size: int, hostname: str,
+                 distributed: bool, run_dir: Path) -> None:
+        self.run_dir, self.writer = run_dir, rank == 0
+        self.compute = ComputeTimes(device, group, rank=rank, world_size=world_size,
+                                    host=hostname) if distributed else None
 
     def attach(self, forward: nn.Module) -> None:
         """Time the steps of an eager DDP model (others: captured steps, one rank — not measured)."""
@@ -27,11 +33,10 @@ class Pulse:
             self.compute.attach(forward)
 
     @staticmethod
-    def beat(trainer: Any, phase: str = "train", force: bool = False) -> None:
-        heartbeat.beat(step=trainer.global_step, epoch=trainer.epoch, phase=phase, force=force)
+    def beat(*, global_step: int, epoch: int, phase: str = "train", force: bool = False) -> None:
+        heartbeat.beat(step=global_step, epoch=epoch, phase=phase, force=force)
 
-    def epoch_end(self, trainer: Any) -> None:
-        self.beat(trainer)
+    def epoch_end(self, *, global_step: int, epoch: int) -> None:
+        self.beat(global_step=global_step, epoch=epoch)
         if self.compute is not None:
-            self.compute.end_epoch(trainer.run_dir, epoch=trainer.epoch, global_step=trainer.global_step,
-                                   writer=trainer.ctx.is_main)
+            self.compute.end_epoch(self.run_dir, epoch=epoch, global_step=global_step, writer=self.writer)

@@ -1,2 +1,3 @@
-"""Checkpoints: the file format (checkpoint) and capture/write/restore (snapshots).
+"""Checkpoints: the file format (checkpoint), capture/write/restore (checkpointer) and the best held-out model
+(best_held_out).
 """

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from . import checkpoint as ckpt
-from .snapshots import Checkpointer
+from .checkpointer import Checkpointer
 
 log = logging.getLogger("hpc_train.train")
 

@@ -1,10 +1,11 @@
-"""What a run reports: progress lines read without waiting for the GPU, the time it took, the summary.
+"""What a training run reports of itself: progress lines read without waiting for the GPU, the time it took, the
+summary (the table of many runs is :mod:`hpc_train.runs.report`'s).
 
 * :class:`Progress`: every ``log_every_steps`` the step's loss and the non-finite marker are copied to
   (pinned) host memory without blocking, behind the step that produced them; the line is printed as
   soon as the copy has landed — at a later step, or at an epoch's end, which waits only for what the
   epochs before it recorded (one epoch behind: the GPU is long past them). A non-finite loss seen there
-  is raised as :class:`NonFiniteLoss` by the trainer, on every rank at once.
+  is raised as :class:`NonFiniteLoss` by the epoch boundary, on every rank at once.
 * :class:`RunClock`: time spent training and evaluating, from CUDA events on the GPU (read once at the
   end, no synchronisation on the way) or the host clock on the CPU.
 * :func:`finish`: the end-of-run line of rank 0 — ``200 epochs in S s (train I img/s, eval E img/s,
