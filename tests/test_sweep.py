@@ -1,10 +1,12 @@
 """Sweeps: --sweep grids and sweep files become one job per point (train.* keys only)."""
 
+import subprocess
+
 import pytest
 
-from hpc_train.config import NO_SITE, JobSources, resolve, sweep_points
+from hpc_train.config import NO_SITE, JobSources, dump_yaml, resolve, sweep_points
 from hpc_train.errors import ConfigError
-from hpc_train.slurm.submit import render_plain
+from hpc_train.render import render_plain
 
 
 def test_grid_of_two_axes():
@@ -45,6 +47,10 @@ def test_sweep_renders_one_array_with_a_job_per_task():
     script = render_plain(specs[0], JobSources(job_file=None, site_file=None, template_dirs=()), sweep=specs,
                           max_parallel=2)
     assert "#SBATCH --array=0-2%2" in script and "#SBATCH --output=slurm-%x-%A_%a.out" in script
-    assert script.count("\n    2)\n") == 1 and 'case "${SLURM_ARRAY_TASK_ID:-}" in' in script
-    for seed in (3, 4, 5):
-        assert f"\n  seed: {seed}\n" in script
+    assert "readonly HT_POINT_COUNT=3" in script.splitlines()
+    assert """printf '%s' "${HT_POINT_YAMLS[task_id]}" > "$RUN_DIR/job.yaml\"""" in script
+    preamble = script[script.index("readonly "):script.index("# Stop at the first failing")]
+    for task, seed in enumerate((3, 4, 5)):  # the array as bash reads it: task T's job is point T's
+        point = subprocess.run(["bash", "-c", preamble + f'printf %s "${{HT_POINT_YAMLS[{task}]}}"'],
+                               capture_output=True, text=True, check=True).stdout
+        assert f"\n  seed: {seed}\n" in point and point == dump_yaml(specs[task])

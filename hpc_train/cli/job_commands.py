@@ -34,7 +34,7 @@ def render(output: Path | None, **kwargs: Any) -> None:
       hpc-train render --nodes 4 --gpus 8
       hpc-train render jobs/cifar10_lt_ldam_drw.yaml --set slurm.partition=a100 -o job.sbatch
     """
-    from ..slurm.submit import render_plain
+    from ..render.plain import render_plain
 
     resolved = resolve(kwargs)
     spec = resolved.spec

@@ -10,7 +10,6 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -18,6 +17,7 @@ from typing import Any, Literal, Mapping
 from .. import __version__
 from ..config import JobSources, JobSpec, dump_yaml
 from ..errors import ConfigError, SubmitError
+from ..render.plain import resolve_python  # noqa: F401  (its home is the render, which needs it alone)
 from ..slurm import client as slurm_cli
 from . import rundir
 from .undo import Created
@@ -60,19 +60,6 @@ def choose_cluster(requested: Cluster, spec: JobSpec) -> tuple[Literal["slurm", 
         raise ConfigError(f"{spec.slurm.nodes} nodes requested but {why}; a local run uses one node: "
                           "use --nodes 1, or submit from a Slurm login node")
     return "local", note
-
-
-def resolve_python(spec: JobSpec, interpreter: str | None = None) -> str:
-    """The interpreter the ranks run: explicit > activated venv/conda (``python``) > container
-    (``python3``, the host's path means nothing inside) > the one running hpc-train."""
-    s = spec.slurm
-    if s.python:
-        return s.python
-    if s.venv or s.conda_env:
-        return "python"
-    if s.container is not None:
-        return "python3"
-    return interpreter or sys.executable
 
 
 def shared_filesystem_warning(path: Path) -> str | None:

@@ -43,23 +43,6 @@ def _submitit_command(python: str, folder: Path) -> str:
     return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
 
-def _array_range(count: int, max_parallel: int | None) -> str:
-    return f"0-{count - 1}%{min(count, max_parallel or count)}"
-
-
-def render_plain(spec: JobSpec, sources: JobSources, *, cwd: Path | None = None, interpreter: str | None = None,
-                 sweep: Sequence[JobSpec] = (), max_parallel: int | None = None) -> str:
-    """The self-contained script ``hpc-train render`` prints (admins ``sbatch`` it by hand)."""
-    launch = LaunchSpec()
-    if sweep:
-        tasks = array_tasks(len(sweep), spec.slurm.pack)
-        launch = LaunchSpec(stdout="slurm-%x-%A_%a.out", stderr="slurm-%x-%A_%a.out",
-                            array=_array_range(tasks, max_parallel))
-    return render_sbatch(spec, runs_root=str(rundir.runs_root(spec.runs_dir, cwd)),
-                         python=resolve_python(spec, interpreter), launch=launch, site_dirs=sources.template_dirs,
-                         array_specs=sweep)
-
-
 def with_site_gpu_flag(resolved: Resolved) -> tuple[JobSpec, list[JobSpec]]:
     """The job and its sweep points with ``slurm.gpu_flag`` set, where the site has not chosen it, by the
     reachable Slurm's version: asked once (``sinfo --version``), not once per sweep point."""
