@@ -33,3 +33,12 @@ def launch_span(run_dir: Path) -> tuple[float, float]:
     stamps = {e["event"]: time.mktime(time.strptime(e["time"][:19], "%Y-%m-%dT%H:%M:%S"))
               for e in rundir.read_events(run_dir)}
     return stamps["running"], stamps["exit"]
+
+
+def script_values(script: str, expression: str) -> list[str]:
+    """What bash makes of ``expression`` (``"$HT_JOB_YAML"``, ``"${HT_POINT_YAMLS[@]}"``) after a rendered script's
+    preamble of job values: the words, as the script itself would read them."""
+    preamble = script[script.index("readonly "):script.index("# Stop at the first failing")]
+    printed = subprocess.run(["bash", "-c", f"{preamble}printf '%s\\0' {expression}"], capture_output=True, text=True,
+                             check=True).stdout
+    return printed.split("\0")[:-1]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import assert_refused, cli, tree
+from tests.cli_helpers import assert_refused, cli, script_values, tree
 
 
 def no_slurm_env(tmp_path):
@@ -71,14 +71,15 @@ def test_yaml_values_reach_the_script_as_written(tmp_path):
     assert result.returncode == 0, result.stderr
     for line in ("export FOO=010", "export HEX=0x10", "export ON=on", "export BIG=1_000"):
         assert line in result.stdout.splitlines()
-    assert "  amp: 'off'" in result.stdout.splitlines()
+    assert "  amp: 'off'" in script_values(result.stdout, '"$HT_JOB_YAML"')[0].splitlines()
 
 
 def test_sweep_values_stay_typed_in_the_script(tmp_path):
     # 11. "yes" and "null" swept over a text field reach each array task's job as that text.
     result = cli("render", "--sweep", "train.data.root=yes,null", cwd=tmp_path, env=no_slurm_env(tmp_path))
     assert result.returncode == 0, result.stderr
-    roots = [ln.strip() for ln in result.stdout.splitlines() if ln.strip().startswith("root: ")]
+    points = script_values(result.stdout, '"${HT_POINT_YAMLS[@]}"')
+    roots = [ln.strip() for point in points for ln in point.splitlines() if ln.strip().startswith("root: ")]
     assert roots == ["root: 'yes'", "root: 'null'"]
 
 

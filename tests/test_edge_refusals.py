@@ -57,7 +57,7 @@ def _site(tmp_path, template_text, dirs=("tpl",)):
 def test_a_site_template_without_srun_is_refused_with_the_fix(tmp_path, stub_slurm):
     # Item 5: a template with no srun was queued without a word (its launch line would run once, in the batch
     # shell, instead of one task per rank).
-    env = _site(tmp_path, '#!/bin/bash\n#SBATCH --nodes={{ job.slurm.nodes }}\n{{ python | shquote }} -m hpc_train.train\n')
+    env = _site(tmp_path, '#!/bin/bash\n{{ sbatch_header }}\n{{ job_variables }}\n"$HT_PYTHON" -m hpc_train.train\n')
     before = tree(tmp_path)
     for args in (["render"], ["submit"], ["submit", "--dry-run"]):
         result = cli(*args, cwd=tmp_path, env={**stub_slurm.env(), **env, "PATH": stub_slurm.env()["PATH"]})
@@ -66,7 +66,7 @@ def test_a_site_template_without_srun_is_refused_with_the_fix(tmp_path, stub_slu
     assert tree(tmp_path) == before and stub_slurm.calls("sbatch") == []
     # A template that starts its ranks its own way says so, and renders.
     (tmp_path / "tpl" / "custom.j2").write_text("#!/bin/bash\n{# hpc-train: launches-itself #}\n"
-                                                 "mpirun {{ python | shquote }} -m hpc_train.train\n")
+                                                 '{{ job_variables }}\nmpirun "$HT_PYTHON" -m hpc_train.train\n')
     assert cli("render", cwd=tmp_path, env=env).returncode == 0
     # ...or a partial it includes does (a site that replaced only the launch block).
     (tmp_path / "tpl" / "partials").mkdir()

@@ -1,6 +1,7 @@
 """render_sbatch: golden files, shell validity, hostile values, site templates, template errors."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -69,10 +70,53 @@ def render_variant(variant):
                          array_specs=sweep)
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_golden(variant):
-    check_golden(GOLDEN / f"default.sbatch.j2--{variant}.sh", render_variant(variant),
+def test_golden():
+    # One whole script (the default srun plain one); each other variant is the lines that make it that variant.
+    check_golden(GOLDEN / "default.sbatch.j2--srun-plain.sh", render_variant("srun-plain"),
                  how_to_update=".venv/bin/python -m pytest tests/test_render.py -k golden")
+
+
+SUBMITIT = "/shared/project/runs/cifar100-lt/.submitit"
+TORCHRUN_AGENT = """    bash -c 'trap "" "$1"; shift; exec "$@"' torchrun-agent "$HT_SIGNAL" """
+COMMAND_REQUEUE = 'if [ "$status" -eq 75 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "$HT_MAX_REQUEUES" ]; then'
+VARIANT_LINES = {
+    "srun-plain": ['    "$PYTHON" -u -m hpc_train.train --resolved "$RUN_DIR/job.yaml"',
+                   "#SBATCH --ntasks-per-node=8", "#SBATCH --signal=USR2@120"],
+    "srun-submitit": ["export SUBMITIT_EXECUTOR=slurm", f"#SBATCH --output={SUBMITIT}/%j_0_log.out",
+                      '    --unbuffered --output="$HT_TASK_STDOUT" --error="$HT_TASK_STDERR" \\',
+                      f"readonly HT_TASK_STDOUT={SUBMITIT}/%j_%t_log.out",
+                      f"readonly -a HT_LAUNCH_COMMAND=(python -u -m submitit.core._submit {SUBMITIT})",
+                      '    "${HT_LAUNCH_COMMAND[@]}"'],
+    "torchrun-plain": ["#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=64", "#SBATCH --signal=B:USR2@120",
+                       'trap forward_signal "$HT_SIGNAL"', TORCHRUN_AGENT + "\\",
+                       '    "$PYTHON" -u -m torch.distributed.run \\', "readonly HT_RANKS_PER_NODE=8",
+                       '        --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node="$HT_RANKS_PER_NODE" \\'],
+    "torchrun-submitit": ["export SUBMITIT_EXECUTOR=slurm", "#SBATCH --signal=B:USR2@120",
+                          TORCHRUN_AGENT + '"${HT_LAUNCH_COMMAND[@]}" &'],
+    "srun-plain-apptainer": ["readonly -a HT_CONTAINER_EXEC=(apptainer exec --nv --bind /data --bind "
+                             "/shared/project/runs /images/lt.sif)", '    "${HT_CONTAINER_EXEC[@]}" \\'],
+    "srun-plain-pyxis": ["#SBATCH --gres=gpu:8", '    --container-workdir="$PWD" \\', '    "${HT_SRUN_OPTIONS[@]}" \\',
+                         "readonly -a HT_SRUN_OPTIONS=('--container-image=nvcr.io#nvidia/pytorch:24.05-py3' "
+                         "--container-mounts=/shared/project/runs)"],
+    "srun-plain-command": ['    "$PYTHON" -u -m hpc_train.command --resolved "$RUN_DIR/job.yaml"', COMMAND_REQUEUE,
+                           "# Every rank runs the job's command (job.yaml's `command`, never through a shell): "
+                           "'python train.py --lr 0.1 $(touch /tmp/pwned) it'\"'\"'s'"],
+    "torchrun-submitit-command": [TORCHRUN_AGENT + '"${HT_LAUNCH_COMMAND[@]}" &', COMMAND_REQUEUE],
+    "srun-submitit-packed": ["#SBATCH --array=0-1%2", "#SBATCH --cpus-per-task=16", "readonly HT_PACK=2",
+                             "readonly HT_SWEEP_POINTS=3", '    printf \'%s\' "${HT_POINT_YAMLS[point]}" > "$RUN_DIR/job.yaml"',
+                             '    "$PYTHON" -u -m hpc_train.local --pack "${run_dirs[@]}"'],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_each_variant_has_the_lines_that_make_it(variant):
+    lines = render_variant(variant).splitlines()
+    for line in VARIANT_LINES[variant]:
+        assert line in lines, line  # whole lines
+    # A variant's own launch block shows only there (the golden script pins the rest).
+    assert ("export SUBMITIT_EXECUTOR=slurm" in lines) == ("submitit" in variant and "packed" not in variant)
+    assert any("torch.distributed.run" in line for line in lines) == (variant == "torchrun-plain")
+    assert (COMMAND_REQUEUE in lines) == variant.endswith("-command")
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -92,12 +136,13 @@ def test_header_lines():
                  "#SBATCH --qos=normal", "#SBATCH --constraint=ib", "#SBATCH --exclusive",
                  "#SBATCH --signal=USR2@120", "#SBATCH --requeue", "#SBATCH --open-mode=append",
                  "#SBATCH --mail-type=END", "#SBATCH --hint=nomultithread",
-                 "srun --kill-on-bad-exit=1 --wait=60 \\", "module purge", "module load cuda/12.4 nccl/2.21",
+                 "srun --kill-on-bad-exit=1 --wait=60 \\", "module purge", 'module load "${HT_MODULES[@]}"',
+                 "readonly -a HT_MODULES=(cuda/12.4 nccl/2.21)",
                  "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1"]:
         assert line in text.splitlines(), line  # whole lines: --nodes=4 must not pass as part of --nodes=40
     torch_text = render_variant("torchrun-plain")
     assert "#SBATCH --ntasks-per-node=1" in torch_text and "#SBATCH --cpus-per-task=64" in torch_text
-    assert "#SBATCH --signal=B:USR2@120" in torch_text and "--nproc-per-node=8" in torch_text
+    assert "#SBATCH --signal=B:USR2@120" in torch_text and "readonly HT_RANKS_PER_NODE=8" in torch_text.splitlines()
     assert "#SBATCH --gres=gpu:8" in render_variant("srun-plain-pyxis")
 
 
@@ -110,7 +155,7 @@ def test_a_pack_without_a_sweep_is_one_job_with_its_own_cores():
     assert "#SBATCH --cpus-per-task=3" in lines and "packed" not in "\n".join(lines)
     packed = render_sbatch(spec, runs_root="/r", python="python3", launch=LaunchSpec(array="0-1"),
                            array_specs=[spec, spec])
-    assert "#SBATCH --cpus-per-task=12" in packed.splitlines() and "# --pack 4:" in packed
+    assert "#SBATCH --cpus-per-task=12" in packed.splitlines() and "readonly HT_PACK=4" in packed.splitlines()
 
 
 def test_no_gpu_line_for_cpu_jobs():
@@ -182,7 +227,7 @@ def test_hostile_values_are_data_not_code(tmp_path):
     assert config.spec_from_yaml_text((run_dir / "job.yaml").read_text(), "job.yaml") == spec
 
 
-# A site template as an admin might write it, with no quoting filter anywhere: one job value per line.
+# A site template as an admin wrote it before issue 25: job values printed into the script, one per line.
 NAIVE_TEMPLATE = """#!/bin/bash
 #SBATCH --job-name={{ job.name }}
 #SBATCH --partition={{ job.slurm.partition }}
@@ -198,64 +243,93 @@ cat <<END
 END
 srun {{ job.slurm.srun_args | join(" ") }} {{ python }} -m hpc_train.train
 """
+# The same template with the rule: hpc-train's header and preamble, the values read from their variables.
+VARIABLES_TEMPLATE = """#!/bin/bash
+{{ sbatch_header }}
+{{ job_variables }}
+export P="$HT_PARTITION"
+echo "running $HT_NAME from $HT_RUN_GROUP"
+module load "${HT_MODULES[@]}"
+. "$HT_VENV_ACTIVATE"
+echo "$FOO"
+srun "${HT_SRUN_ARGS[@]}" "$HT_PYTHON" -m hpc_train.train
+"""
 NAIVE_BENIGN = ["slurm.partition=gpu", "slurm.account=proj", "slurm.extra_sbatch={comment: ok}",
                 "slurm.modules=[cuda/12.4, nccl/2.21]", "slurm.venv=/shared/venv", "slurm.env.FOO=bar",
                 "train.data.root=/data", "slurm.srun_args=[--mpi=none]"]
-# (field set to the hostile string, the template line where it first appears)
-NAIVE_FIELDS = [("name", 2), ("slurm.partition", 3), ("slurm.account", 4), ("slurm.extra_sbatch.comment", 5),
-                ("slurm.modules", 8), ("slurm.venv", 9), ("slurm.env.FOO", 10), ("train.data.root", 12),
-                ("slurm.srun_args", 14), ("runs_root", 7)]
+# (the template line, what the refusal says to read instead)
+NAIVE_LINES = [(2, '"$HT_NAME"'), (3, '"$HT_PARTITION"'), (4, '"$HT_ACCOUNT"'), (5, "it has no script variable"),
+               (6, '"$HT_PARTITION"'), (7, '"$HT_NAME"'), (8, '"${HT_MODULES[@]}"'), (9, '"$HT_VENV_ACTIVATE"'),
+               (10, '"$FOO"'), (12, "it has no script variable"), (14, '"${HT_SRUN_ARGS[@]}"')]
 
 
-def _naive(tmp_path, hostile_field=None, value=HOSTILE.replace("%", "")):
+def _site_render(tmp_path, template, sets=(), flags=None, runs_root="/shared/runs"):
     site_dir = tmp_path / "site"
     site_dir.mkdir(exist_ok=True)
-    (site_dir / "naive.sbatch.j2").write_text(NAIVE_TEMPLATE)
-    sets = [*NAIVE_BENIGN, "slurm.template=naive.sbatch.j2"]
-    runs_root = "/shared/runs"
-    flags = {}
-    if hostile_field == "runs_root":
-        runs_root = f"/shared/{value}"
-    elif hostile_field == "name":
-        flags["name"] = value
-    elif hostile_field in ("slurm.modules", "slurm.srun_args"):
-        sets.append(f"{hostile_field}={json.dumps(['ok', value])}")
-    elif hostile_field:
-        sets.append(f"{hostile_field}={json.dumps(value)}")
-    spec, _ = resolve_job(None, site=NO_SITE, sets=sets, flags=flags)
-    return render_sbatch(spec, runs_root=runs_root, python="/usr/bin/python3", site_dirs=[site_dir])
+    (site_dir / "naive.sbatch.j2").write_text(template)
+    spec, _ = resolve_job(None, site=NO_SITE, sets=[*NAIVE_BENIGN, *sets, "slurm.template=naive.sbatch.j2"],
+                          flags=flags or {})
+    return spec, render_sbatch(spec, runs_root=runs_root, python="/usr/bin/python3", site_dirs=[site_dir])
 
 
-def test_site_template_without_filters_renders_plain_words(tmp_path):
-    text = _naive(tmp_path)
-    assert "export P=gpu" in text and "module load cuda/12.4 nccl/2.21" in text and "export FOO=bar" in text
+@pytest.mark.parametrize("line,advice", NAIVE_LINES, ids=[str(n) for n, _ in NAIVE_LINES])
+def test_a_template_that_prints_a_job_value_is_refused_with_file_line_and_variable(tmp_path, line, advice):
+    # Whatever the value (these are plain words) and wherever it lands: the template line alone is refused.
+    text = NAIVE_TEMPLATE.splitlines()[line - 1]
+    with pytest.raises(TemplateError, match=rf"naive\.sbatch\.j2:2: \{{\{{ .* \}}\}} prints a job value into the "
+                                            rf"script; .*{re.escape(advice)}"):
+        _site_render(tmp_path, f"#!/bin/bash\n{text}\nsrun true\n")
 
 
-@pytest.mark.parametrize("field,line", NAIVE_FIELDS, ids=[f for f, _ in NAIVE_FIELDS])
-def test_site_template_without_filters_refuses_a_hostile_value(tmp_path, field, line):
-    # Quoting it in place would be wrong inside "..." or a heredoc: the render stops, naming file and line.
-    with pytest.raises(TemplateError, match=rf"naive\.sbatch\.j2:{line}: the job value .* a shell would not take it as plain data"):
-        _naive(tmp_path, field)
+@pytest.mark.parametrize("value", ["gpu", "a b", "x;y", "$(id)", "`id`", "a'b", 'a"b', "a\\b", "*", "~root", "é€"])
+def test_any_value_printed_is_refused_plain_words_too(tmp_path, value):
+    with pytest.raises(TemplateError, match=r"naive\.sbatch\.j2:2: \{\{ job\.slurm\.partition \}\} prints a job value"):
+        _site_render(tmp_path, "#!/bin/bash\nexport P={{ job.slurm.partition }}\nsrun true\n",
+                     sets=[f"slurm.partition={json.dumps(value)}"])
 
 
-@pytest.mark.parametrize("value", ["a b", "x;y", "$(id)", "`id`", "a'b", 'a"b', "a\\b", "*", "~root", "a&b", "é€"])
-def test_anything_but_a_plain_word_is_refused_unquoted(tmp_path, value):
-    with pytest.raises(TemplateError, match="lands unquoted, where the shell splits, globs and expands it"):
-        _naive(tmp_path, "slurm.env.FOO", value)
+def test_the_template_written_with_variables_runs_hostile_values_as_data(tmp_path):
+    hostile = HOSTILE.replace("%", "")
+    sets = [f"slurm.partition={json.dumps(hostile)}", f"slurm.modules={json.dumps(['ok', hostile])}",
+            f"slurm.srun_args={json.dumps([hostile])}", f"slurm.env.FOO={json.dumps(hostile)}",
+            f"slurm.venv={json.dumps(str(tmp_path / 'venv'))}"]
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "activate").write_text("")
+    spec, text = _site_render(tmp_path, VARIABLES_TEMPLATE, sets=sets, flags={"name": f"job {hostile}"},
+                              runs_root=str(tmp_path / f"runs {hostile}"))
+    stub_dir, log_dir = tmp_path / "bin", tmp_path / "log"
+    stub_dir.mkdir(), log_dir.mkdir()
+    for tool in ("srun", "module"):
+        (stub_dir / tool).write_text(STUB)
+        (stub_dir / tool).chmod(0o755)
+    (tmp_path / "job.sbatch").write_text(text)
+    result = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={"PATH": f"{stub_dir}:/usr/bin:/bin", "STUB_LOG": str(log_dir), "HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "PWNED").exists()
+    assert (log_dir / "module.argv").read_bytes().decode().split("\0")[:-1] == ["load", "ok", hostile]
+    assert (log_dir / "srun.argv").read_bytes().decode().split("\0")[:-1] == [hostile, "/usr/bin/python3", "-m",
+                                                                              "hpc_train.train"]
+    assert f"running {spec.name} from {tmp_path}/runs {hostile}/{spec.name}" in result.stdout
+    assert f"#SBATCH --partition={render.sbatch_value(hostile)}" in text.splitlines()
 
 
-def test_quoting_filters_are_not_applied_twice(tmp_path):
-    site_dir = tmp_path / "site"
-    site_dir.mkdir()
-    (site_dir / "quoted.sbatch.j2").write_text(
-        "#!/bin/bash\n#SBATCH --partition={{ job.slurm.partition | sbatch }}\n"
-        "export P={{ job.slurm.partition | shquote }}\nmodule load {{ job.slurm.modules | map('shquote') | join(' ') }}\n"
-        "# {{ job.name | comment }}\n{# hpc-train: launches-itself #}")
-    spec, _ = resolve_job(None, site=NO_SITE, flags={"name": "my   run"},
-                          sets=["slurm.template=quoted.sbatch.j2", "slurm.partition=a b", "slurm.modules=[m1, m 2]"])
-    text = render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[site_dir])
-    assert text.splitlines()[1:] == ["#SBATCH --partition='a b'", "export P='a b'", "module load m1 'm 2'",
-                                     "# 'my run'"]
+def test_the_old_quoting_filters_get_the_variable_message_too(tmp_path):
+    # Site templates written with | shquote, | sbatch, | comment: the filters still exist, so the message says what
+    # to read instead (not "no filter named shquote").
+    for line, advice in [("#SBATCH --partition={{ job.slurm.partition | sbatch }}", '"$HT_PARTITION"'),
+                         ("export P={{ job.slurm.partition | shquote }}", '"$HT_PARTITION"'),
+                         ("module load {{ job.slurm.modules | map('shquote') | join(' ') }}", '"${HT_MODULES[@]}"'),
+                         ("# {{ job.name | comment }}", '"$HT_NAME"'),
+                         ("# {{ [job.slurm, job.slurm] | join(',', attribute='partition') }}", "no script variable")]:
+        with pytest.raises(TemplateError, match=rf"naive\.sbatch\.j2:2: .* prints a job value into the script; "
+                                                rf".*{re.escape(advice)}"):
+            _site_render(tmp_path, f"#!/bin/bash\n{line}\nsrun true\n")
+
+
+def test_a_variable_hpc_train_does_not_assign_is_refused(tmp_path):
+    with pytest.raises(TemplateError, match=r"naive\.sbatch\.j2: reads \$HT_PARTITON, which hpc-train does not assign"):
+        _site_render(tmp_path, '#!/bin/bash\n{{ job_variables }}\necho "$HT_PARTITON"\nsrun true\n')
 
 
 @pytest.mark.parametrize("field", ["partition", "account", "constraint"])
@@ -280,11 +354,11 @@ def test_site_template_dir_wins_and_reuses_partials(tmp_path):
     site_dir = tmp_path / "site-templates"
     site_dir.mkdir()
     (site_dir / "default.sbatch.j2").write_text(
-        "#!/bin/bash\n# SITE TEMPLATE for {{ job.name | comment }}\n{% include 'partials/sbatch_header.j2' %}\n"
+        "#!/bin/bash\n# SITE TEMPLATE\n{{ sbatch_header }}\n"
         "srun true\n")
     spec, _ = resolve_job(None, site=NO_SITE)
     text = render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[site_dir])
-    assert "# SITE TEMPLATE for digits-lt-demo" in text and "#SBATCH --nodes=1" in text
+    assert "# SITE TEMPLATE" in text and "#SBATCH --nodes=1" in text and "# digits-lt-demo: rendered by" in text
     (site_dir / "partials").mkdir()
     (site_dir / "partials" / "bootstrap.j2").write_text("# site bootstrap\n")
     listed = {name: (path, overridden) for name, path, overridden in render.list_templates([site_dir])}
@@ -315,16 +389,6 @@ def test_a_jinja_lexer_error_names_the_file_and_says_raw(tmp_path, where):
         render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path])
 
 
-def test_join_takes_jinjas_attribute_argument(tmp_path):
-    # Review of issue 19, N3: the override of join dropped Jinja's attribute= (a TypeError at render time).
-    (tmp_path / "j.sbatch.j2").write_text("#!/bin/bash\n# {{ [job.slurm, job.slurm] | join(',', attribute='partition') }}"
-                                          "\n{{ job.slurm.modules | map('shquote') | join(' ') }}\nsrun true\n")
-    spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=j.sbatch.j2", "slurm.partition=gpu",
-                                                    "slurm.modules=[a b]"])
-    assert render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path]).splitlines()[1:3] == [
-        "# gpu,gpu", "'a b'"]
-
-
 def test_undefined_variable_names_file_and_line(tmp_path):
     (tmp_path / "undef.sbatch.j2").write_text("#!/bin/bash\n# ok\necho {{ job.slurm.no_such_field }}\n")
     spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=undef.sbatch.j2"])
@@ -338,19 +402,12 @@ def test_template_not_found_shows_search_path(tmp_path):
         render_sbatch(spec, runs_root="/r", python="python3", site_dirs=[tmp_path])
 
 
-def test_heredoc_delimiter_never_in_text(monkeypatch):
-    text = "name: x\n"
-    marker = render.heredoc_delimiter(text)
-    assert marker.startswith("HPC_TRAIN_JOB_") and marker not in text.splitlines()
-
-    class FixedDigest:  # a hash "collision": the job text holds the very line the digest would give
-        def __init__(self, _data):
-            pass
-
-        def hexdigest(self):
-            return "ab" * 32
-
-    monkeypatch.setattr(render.hashlib, "sha256", FixedDigest)
-    colliding = "name: x\nHPC_TRAIN_JOB_ABABABABABAB\nHPC_TRAIN_JOB_ABABABABABAB_\n"
-    marker = render.heredoc_delimiter(colliding)
-    assert marker == "HPC_TRAIN_JOB_ABABABABABAB__" and marker not in colliding.splitlines()
+def test_the_job_yaml_is_written_as_it_is_whatever_lines_it_holds(tmp_path):
+    # The heredoc's end marker is gone: the job's YAML is a variable, so no line of it (an old marker, EOF, quotes)
+    # can end it early. Its bytes, as bash writes them, are the job exactly.
+    spec, _ = resolve_job(None, site=NO_SITE, sets=['slurm.env.X="a\\nHPC_TRAIN_JOB_ABABABABABAB\\nEOF\\n\'\\n"'])
+    script = render_sbatch(spec, runs_root="/r", python="python3")
+    preamble = script[script.index("readonly "):script.index("# Stop at the first failing")]
+    written = subprocess.run(["bash", "-c", preamble + 'printf %s "$HT_JOB_YAML"'], capture_output=True, text=True,
+                             check=True).stdout
+    assert written == config.dump_yaml(spec) and "EOF\n'" in spec.slurm.env["X"]

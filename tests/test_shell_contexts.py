@@ -1,9 +1,10 @@
-"""Job values never execute, wherever a site template puts them (issue 19, item 1): the render reads the script
-as bash reads it and refuses, naming the template file and line, a value that lands where a shell would expand,
-parse or run it — whatever filter was applied.
+"""Job values never execute, wherever a site template would put them (issue 19, item 1; issue 25, item 5): a
+template prints no job value at all. Every ``{{ }}`` that prints one is refused at render time, naming the template
+file and line and the variable to read instead, whatever shell context it sits in; the same place written with
+``"$HT_..."`` renders, and bash, given the hostile value, runs none of it.
 
-Each hostile case is shown to be real: rendered with the check switched off, the script run by bash creates the
-marker file (a value the old finalizer let through, because a filter was applied or it was a plain word).
+Each hostile case is shown to be real: rendered with the rule switched off (and the old quoting filters back), the
+script run by bash creates the marker file.
 """
 
 import os
@@ -12,7 +13,6 @@ import sys
 
 import pytest
 
-from hpc_train import render
 from hpc_train.config import SiteConfig, resolve_job
 from hpc_train.errors import TemplateError
 from hpc_train.render import render_sbatch
@@ -145,55 +145,32 @@ HOSTILE = [
     ("sbatch-escaped-quote", ["#SBATCH --comment={{ job.slurm.partition | shquote }}"], ["slurm.partition=a\\"], 2,
      False),
 ]
-# Job values a site template puts where they are inert: rendered, and running the script runs nothing of them.
-INERT = [
-    ("plain-word-in-double-quotes", ['echo "p: {{ job.slurm.partition }}"'], ["slurm.partition=gpu"]),
-    ("quoted-in-command-substitution", ['echo "$(echo {{ job.slurm.partition | shquote }})"'], [f"slurm.partition={P}"]),
-    ("quoted-heredoc", ["cat <<'EOF'", "{{ job.slurm.partition }}", "EOF"], [f"slurm.partition={P}"]),
-    ("argument-of-bash-c", ["bash -c 'echo \"$1\"' _ {{ job.slurm.partition | shquote }}"], [f"slurm.partition={P}"]),
-    ("pattern-in-double-brackets", ["[[ {{ job.slurm.partition | shquote }} == gpu ]] || true"], [f"slurm.partition={P}"]),
-    ("case-subject", ["case {{ job.slurm.partition | shquote }} in", "  gpu) echo y;;", "esac"], [f"slurm.partition={P}"]),
-    ("program-quoted-by-the-template", ["{{ python | shquote }} -c 'print(1)' {{ job.slurm.partition | shquote }}"],
-     [f"slurm.partition={P}"]),
-    ("export", ["export X={{ job.slurm.partition | shquote }}"], [f"slurm.partition={P}; `touch P` \"'"]),
-    ("comment", ["# {{ job.slurm.partition }}"], [f"slurm.partition={P}"]),
-    ("bash-options-then-script",
-     ["bash -o pipefail --norc -O extglob -- /dev/null {{ job.slurm.partition | shquote }}"],
-     [f"slurm.partition={P}"]),
-    ("value-piped-to-a-program", ["echo {{ job.slurm.partition | shquote }} | tr a b | cat", "date | bash -s"],
-     [f"slurm.partition={P}"]),
-    ("process-substitution-to-a-program", ["cat <(echo {{ job.slurm.partition | shquote }})", "echo x | bash"],
-     [f"slurm.partition={P}"]),
-    ("declare-a-word", ["declare -a arr={{ job.slurm.partition | shquote }}", 'echo "${arr[0]}"'],
-     ["slurm.partition=[$(touch P)]=1 ($(touch P))"]),
-    ("substring-digits-and-defaults", ['X=abc; echo "${X:{{ job.slurm.nodes }}:1}" "${X:-{{ job.slurm.partition }}}"',
-                                       'echo "${Y:={{ job.slurm.partition }}}" "${X: -1}"'], ["slurm.partition=gpu"]),
-    ("array-elements", ['arr+=("{{ job.name }}")', "args=({{ job.slurm.partition | shquote }} --name",
-                        "  {{ job.name | shquote }}  # a comment", ")",
-                        "MODS=({{ job.slurm.modules | map('shquote') | join(' ') }}) x=1", 'echo "${arr[@]}"'],
+# The same contexts written by the rule: the value read from its variable. (id, template lines, --set values)
+SAFE = [
+    ("double-quotes", ['echo "p: $HT_PARTITION"'], [f"slurm.partition={P}"]),
+    ("unquoted-heredoc", ["cat <<EOF", "$HT_PARTITION", "EOF"], [f"slurm.partition={P}"]),
+    ("parameter-default", ['echo "${UNSET:-$HT_PARTITION}"'], [f"slurm.partition={P}"]),
+    ("case-subject", ['case "$HT_PARTITION" in', "  gpu) echo y;;", "esac"], [f"slurm.partition={P}"]),
+    ("double-brackets", ['[[ "$HT_PARTITION" == gpu ]] || true'], [f"slurm.partition={INDEXED}"]),
+    ("argument-of-bash-c", ["bash -c 'echo \"$1\"' _ \"$HT_PARTITION\""], [f"slurm.partition={P}"]),
+    ("argument-of-eval-d-code", ['eval \'echo "$HT_PARTITION"\''], ["slurm.partition=a; touch P"]),
+    ("trap", ["trap 'echo \"$HT_PARTITION\"' EXIT"], ["slurm.partition=touch P"]),
+    ("here-string", ['tr a b <<< "$HT_PARTITION"'], ["slurm.partition=$(touch P)"]),
+    ("arithmetic-on-an-int", ["echo $(( HT_NODES * 2 ))", 'echo "${HT_NAME:HT_NODES}"'], ["slurm.nodes=2"]),
+    ("array-elements", ['arr=("${HT_MODULES[@]}" "$HT_PARTITION")', 'echo "${arr[@]}"'],
      [f"slurm.partition={P}", "slurm.modules=[time, eval, '$(touch P)']"]),
-    ("assigned-other-variables", ["X={{ job.slurm.partition | shquote }} BASH_ENV=/dev/null bash -c true",
-                                  "declare -i N=1; M={{ job.slurm.partition | shquote }}; N={{ job.slurm.nodes }}"],
-     [f"slurm.partition={P}"]),
-    ("arguments-of-programs-that-run-code", ["flock ./lock -c 'echo \"$0\"' {{ job.slurm.partition | shquote }}",
-                                             "su -c true root {{ job.slurm.partition | shquote }} || true"],
-     [f"slurm.partition={P}"]),
-    ("quoted-values-in-code-the-template-quotes", [
-        'bash -c "cd /tmp && echo {{ job.slurm.partition | shquote }} {{ job.slurm.modules | map(\'shquote\') | join(\' \') }}"',
-        "eval \"echo {{ job.slurm.partition | shquote }}\"", 'bash <<< "echo {{ job.slurm.partition | shquote }}"'],
-     ["slurm.partition=a b; touch P", "slurm.modules=[time, 'a;touch P']"]),  # in double quotes: no $ ` \\
-    ("quoted-value-in-a-quoted-heredoc-bash-reads", ["bash <<'EOF'", "echo {{ job.slurm.partition | shquote }}", "EOF"],
-     [f"slurm.partition={P}; `touch P` a b"]),
-    ("names-a-wrapper-looks-up", ["command -v {{ job.slurm.partition | shquote }} >/dev/null || echo missing",
-                                  "env -u {{ job.slurm.partition | shquote }} true"], ["slurm.partition=test"]),
-    ("sbatch-line", ["#SBATCH --comment={{ job.slurm.partition | sbatch }}"], ["slurm.partition='a b''c\"d \\ #e\\'"]),
+    ("declare-a", ['declare -a arr=("$HT_PARTITION")', 'echo "${arr[0]}"'], ["slurm.partition=([$(touch P)]=1)"]),
+    ("export", ['export X="$HT_PARTITION"', 'bash -c \'echo "$X"\''], [f"slurm.partition={P}; `touch P` \"'"]),
+    ("sbatch-line", ["{{ sbatch_header }}"], ["slurm.extra_sbatch.comment='a b''c\"d \\ #e\\' $(touch P)"]),
+    ("command-argument", ['command -v "$HT_PARTITION" >/dev/null || echo missing'], ["slurm.partition=touch P"]),
 ]
 
 
-def _render(tmp_path, lines, sets):
+def _render(tmp_path, lines, sets, preamble=False):
     site = tmp_path / "tpl"
     site.mkdir(exist_ok=True)
-    (site / "custom.j2").write_text("#!/bin/bash\n" + "\n".join(lines) + "\nsrun true\n")
+    head = "#!/bin/bash\n" + ("{{ job_variables }}\n" if preamble else "")
+    (site / "custom.j2").write_text(head + "\n".join(lines) + "\nsrun true\n")
     spec, _ = resolve_job(None, site=NO_SITE, sets=["slurm.template=custom.j2", *sets])
     return render_sbatch(spec, runs_root=str(tmp_path / "runs"), python=sys.executable, site_dirs=[site])
 
@@ -209,28 +186,67 @@ def _run(tmp_path, script):
     return (tmp_path / "P").exists()
 
 
+def _first_printing_line(lines):
+    """The template line (after #!/bin/bash) of the first {{ }}: where the refusal points."""
+    return 2 + next(i for i, line in enumerate(lines) if "{{" in line)
+
+
 @pytest.mark.parametrize("case", HOSTILE, ids=[c[0] for c in HOSTILE])
-def test_a_value_a_shell_would_expand_or_run_is_refused_with_file_and_line(tmp_path, case):
-    _, lines, sets, line, _ = case
-    with pytest.raises(TemplateError, match=rf"custom\.j2:{line}: the job value .* a shell would not take it as plain data"):
+def test_a_job_value_printed_in_any_shell_context_is_refused_with_file_and_line(tmp_path, case):
+    _, lines, sets, _, _ = case
+    line = _first_printing_line(lines)
+    with pytest.raises(TemplateError, match=rf"custom\.j2:{line}: \{{\{{ .* \}}\}} prints a job value into the script; "
+                                            r"read it from \"\$"):
         _render(tmp_path, lines, sets)
 
 
+def _unchecked(monkeypatch):
+    """The environment as it was before the rule: anything printed, and the old quoting filters doing their quoting."""
+    import shlex
+
+    from hpc_train.render import jinja
+
+    build = jinja._environment.__wrapped__
+
+    def unchecked(dirs, _cache):
+        env = build(dirs, None)
+        env.finalize = lambda value: "" if value is None else str(value)
+        env.filters.update(shquote=lambda v: shlex.quote(str(v)), comment=lambda v: shlex.quote(str(v)),
+                           sbatch=lambda v: shlex.quote(str(v)))
+        return env
+
+    monkeypatch.setattr(jinja, "_environment", unchecked)
+
+
 @pytest.mark.parametrize("case", [c for c in HOSTILE if c[4]], ids=[c[0] for c in HOSTILE if c[4]])
-def test_without_the_check_bash_runs_the_value(tmp_path, monkeypatch, case):
-    # What the case guards against is real: unchecked, the rendered script runs the job value.
+def test_without_the_rule_bash_runs_the_value(tmp_path, monkeypatch, case):
+    # What the case guards against is real: printed as the old templates printed it, the script runs the job value.
     _, lines, sets, _, _ = case
-    if hasattr(render, "shellsafe"):  # (before issue 19 there was no such check: the script ran as rendered)
-        unchecked = render.shellsafe.Reading(None, frozenset({"srun"}))
-        monkeypatch.setattr(render.shellsafe, "read", lambda text, regions: unchecked)
+    _unchecked(monkeypatch)
     assert _run(tmp_path, _render(tmp_path, lines, sets))
 
 
-@pytest.mark.parametrize("case", INERT, ids=[c[0] for c in INERT])
-def test_a_value_where_it_is_inert_renders_and_runs_nothing(tmp_path, case):
+@pytest.mark.parametrize("case", SAFE, ids=[c[0] for c in SAFE])
+def test_the_same_place_read_from_its_variable_renders_and_runs_nothing(tmp_path, case):
     _, lines, sets = case
-    script = _render(tmp_path, lines, sets)
-    assert not _run(tmp_path, script)
+    script = _render(tmp_path, lines, sets, preamble=True)
+    assert "{{" not in script and not _run(tmp_path, script)
+
+
+def test_a_variable_in_arithmetic_holds_an_int_only():
+    # $(( HT_NODES )) evaluates the variable's value as code: it is written from an int field only, and the job
+    # refuses text there before any script is rendered.
+    from hpc_train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="slurm.nodes"):
+        resolve_job(None, site=NO_SITE, sets=[f"slurm.nodes={INDEXED}"])
+    from hpc_train.render import variables
+
+    with pytest.raises(TypeError):
+        variables.assignment("HT_NODES", 2.5)
+    assert variables.assignment("HT_NODES", 4) == "readonly HT_NODES=4"
+    assert variables.assignment("HT_NAME", "4") == "readonly HT_NAME=4"
+    assert variables.assignment("HT_NAME", "a[$(touch P)]") == "readonly HT_NAME='a[$(touch P)]'"
 
 
 def test_the_issue_example_is_refused_by_render_exit_2(tmp_path):
@@ -243,7 +259,8 @@ def test_the_issue_example_is_refused_by_render_exit_2(tmp_path):
     result = cli("render", "job.yaml", cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HPC_TRAIN_SITE": "site.yaml",
                                                           "HOME": str(tmp_path),
                                                           "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
-    assert_refused(result, "custom.j2:2: the job value")
+    assert_refused(result, 'custom.j2:2: {{ job.slurm.partition | shquote }} prints a job value into the script; '
+                           'read it from "$HT_PARTITION"')
     assert result.stdout == "" and tree(tmp_path) == before
 
 
@@ -288,8 +305,7 @@ def test_an_export_list_of_other_variables_is_kept(tmp_path):
 
 def test_a_heredoc_delimiter_with_an_expansion_is_not_read_past(tmp_path):
     # Review of issue 19, N1: `cat <<$X` never matched its end line, so the rest of the script was taken for the
-    # heredoc's body and a value after it was not checked (with the launches-itself marker it ran).
+    # heredoc's body and a value after it was not checked. The rule reads no shell: the value is refused as printed.
     lines = ["cat <<$X", "x", "$X", "{{ job.slurm.partition }} P"]
-    with pytest.raises(TemplateError, match=r"custom\.j2: the script cannot be read as shell \(a heredoc delimiter "
-                                            r"with an expansion in it\); job values cannot be checked"):
+    with pytest.raises(TemplateError, match=r"custom\.j2:5: \{\{ job\.slurm\.partition \}\} prints a job value"):
         _render(tmp_path, lines, ["slurm.partition=touch"])

@@ -4,6 +4,7 @@ If a submitit upgrade changes its log paths, signal line, open mode or launch co
 """
 
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,17 @@ def srun_words(text):
     raise AssertionError("no srun line")
 
 
+def our_srun_words(text):
+    """The words our srun command gets, as bash expands them: the line run after the script's preamble, printing its
+    arguments (submitit's command is the launch array's words, HT_LAUNCH_COMMAND)."""
+    joined = text.replace("\\\n", " ")
+    line = next(line for line in joined.splitlines() if line.strip().startswith("srun "))
+    preamble = text[text.index("readonly "):text.index("# Stop at the first failing")]
+    printed = subprocess.run(["bash", "-c", preamble + "printf '%s\\0' " + line.strip().rstrip("&")],
+                             capture_output=True, text=True, check=True).stdout
+    return printed.split("\0")[:-1]
+
+
 @pytest.mark.parametrize("map_count", [None, 3])
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_submitit_lines_are_in_ours(tmp_path, map_count, launcher):
@@ -52,7 +64,7 @@ def test_submitit_lines_are_in_ours(tmp_path, map_count, launcher):
 
     assert "export SUBMITIT_EXECUTOR=slurm" in theirs and "export SUBMITIT_EXECUTOR=slurm" in ours
     # The srun line: submitit's per-task --output/--error and its _submit command, word for word.
-    their_srun, our_srun = srun_words(theirs), srun_words(ours)
+    their_srun, our_srun = srun_words(theirs), our_srun_words(ours)
     i = their_srun.index("--output")
     assert f"--output={their_srun[i + 1]}" in our_srun
     j = their_srun.index("--error")

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpc_train.cli import cli
-from hpc_train.config import batchnorm as sync_bn
+from hpc_train.config import sync_bn
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 

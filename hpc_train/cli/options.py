@@ -10,19 +10,50 @@ import click
 
 from ..errors import ConfigError
 
-# Explicit flags and the job keys they set (the top layer of the configuration).
-FLAG_KEYS = {
-    "nodes": "slurm.nodes",
-    "gpus": "slurm.gpus_per_node",
-    "tasks_per_node": "slurm.tasks_per_node",
-    "launcher": "slurm.launcher",
-    "time": "slurm.time",
-    "partition": "slurm.partition",
-    "account": "slurm.account",
-    "name": "name",
-    "runs_dir": "runs_dir",
-    "pack": "slurm.pack",
-}
+
+def _declared_flags():
+    """(dotted job key, field, flag) of every option declared on a job field (hpc_train/config/slurm_options.py)."""
+    from ..config import JobSpec, SlurmConfig
+    from ..config.slurm_options import cli_flags
+
+    return [*cli_flags(SlurmConfig, "slurm"), *cli_flags(JobSpec)]
+
+
+def _parameter(flag) -> str:
+    return flag.name.lstrip("-").replace("-", "_")
+
+
+FLAG_KEYS = {_parameter(flag): key for key, _field, flag in _declared_flags()}
+"""Explicit flags and the job keys they set (the top layer of the configuration), from the fields that declare them."""
+
+
+def _click_option(key: str, field, flag) -> Callable[..., Any]:
+    """A click option from a field's declared flag: its type from the field's (a Literal's choices, an int's bounds)."""
+    import typing
+
+    from ..config import JobSpec, field_type
+
+    kind = field_type(key, JobSpec, flag.name)
+    kind = next((arg for arg in typing.get_args(kind) if arg is not type(None)), kind) \
+        if type(None) in typing.get_args(kind) else kind
+    choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else ()
+    bounds = field.metadata.get("bounds")
+    if choices:
+        click_type: Any = click.Choice(list(choices))
+    elif kind is int:
+        # The lower bound only: a value above the upper one gets the job's own message (bounds.check), with its hint.
+        click_type = click.IntRange(min=None if bounds is None else bounds.low)
+    else:
+        click_type = None
+    names = [flag.name, *([flag.short] if flag.short else [])]
+    return click.option(*names, type=click_type, envvar=flag.envvar, show_envvar=flag.envvar is not None,
+                        metavar=flag.metavar, help=flag.help)
+
+
+def _flag_options(group: str) -> dict[str, Callable[..., Any]]:
+    return {_parameter(flag): _click_option(key, field, flag) for key, field, flag in _declared_flags()
+            if flag.group == group}
+
 
 RUNS_DIR_HELP = "Where run directories go (default: the job's runs_dir, ./runs)."
 
@@ -37,20 +68,7 @@ def _job_options() -> dict[str, Callable[..., Any]]:
     """Every option that names or shapes a job, by name (each command takes those that mean something to it)."""
     return {
         "job": click.argument("job", required=False, metavar="[JOB]"),
-        "nodes": click.option("--nodes", "-N", type=click.IntRange(min=1), envvar="HPC_TRAIN_NODES", show_envvar=True,
-                              help="Number of nodes."),
-        "gpus": click.option("--gpus", "-G", type=click.IntRange(min=0), envvar="HPC_TRAIN_GPUS", show_envvar=True,
-                             help="GPUs per node; implies one rank per GPU unless --tasks-per-node is given."),
-        "tasks_per_node": click.option("--tasks-per-node", type=click.IntRange(min=1),
-                                       help="Ranks per node (CPU jobs; default: one per GPU)."),
-        "launcher": click.option("--launcher", type=click.Choice(["srun", "torchrun"]),
-                                 help="Launch block: srun (one task per rank) or torchrun (one per node)."),
-        "time": click.option("--time", "-t", help="Time limit, Slurm format (e.g. 02:00:00, 1-00:00)."),
-        "partition": click.option("--partition", "-p", envvar="HPC_TRAIN_PARTITION", show_envvar=True,
-                                  help="Slurm partition."),
-        "account": click.option("--account", "-A", envvar="HPC_TRAIN_ACCOUNT", show_envvar=True, help="Slurm account."),
-        "name": click.option("--name", help="Job name (also the run-directory group)."),
-        "runs_dir": click.option("--runs-dir", envvar="HPC_TRAIN_RUNS_DIR", show_envvar=True, help=RUNS_DIR_HELP),
+        **_flag_options("job"),
         "set": click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                             help="Override any job key, value read by its field's type (e.g. --set train.epochs=10, "
                                  "--set train.amp=off). Repeatable."),
@@ -81,9 +99,7 @@ def sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-parallel", type=click.IntRange(min=1, max=10_000),
                      help="Slurm: the array throttle, at most N tasks at once (%N, on each array). Local runs ignore it: they go "
                           "one at a time, or K at a time with --pack K."),
-        click.option("--pack", type=click.IntRange(min=1, max=64), metavar="K",
-                     help="Run K sweep points together in one allocation (one GPU, one node), each its own run "
-                          "(slurm.pack)."),
+        *_flag_options("sweep").values(),
     ])
 
 

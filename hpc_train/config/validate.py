@@ -13,8 +13,7 @@ import re
 import typing
 
 from ..errors import ConfigError
-from ..shellsafe import rules as shell_rules
-from . import bounds
+from . import bounds, slurm_options
 from .job import JobSpec, SlurmConfig, time_to_minutes
 from .plugins import is_import_path
 from .training import PLUGIN_HINT, DatasetName, LossConfig, LossName, ModelName, TrainConfig
@@ -29,36 +28,16 @@ MAX_TIME_MIN = 366 * 24 * 60
 # (Slurm expands %j, %x, ... in the log paths built from it).
 _NAME_FORBIDDEN = re.compile(r"[/%\x00-\x1f\x7f]")
 
-# #SBATCH keys the template writes from the job's own fields: a second line would duplicate or contradict.
-MANAGED_SBATCH_KEYS = {
-    "nodes": "slurm.nodes (--nodes)",
-    "ntasks": "slurm.tasks_per_node (--tasks-per-node)",
-    "ntasks-per-node": "slurm.tasks_per_node (--tasks-per-node)",
-    "cpus-per-task": "slurm.cpus_per_task",
-    "gpus": "slurm.gpus_per_node (--gpus)",
-    "gpus-per-node": "slurm.gpus_per_node (--gpus)",
-    "gpus-per-task": "slurm.gpus_per_node (--gpus: one rank per GPU)",
-    "gres": "slurm.gpus_per_node (--gpus) with slurm.gpu_flag=gres and slurm.gres_name",
-    "mem": "slurm.mem_gb",
-    "mem-per-cpu": "slurm.mem_gb",
-    "mem-per-gpu": "slurm.mem_gb",
-    "time": "slurm.time (--time)",
-    "partition": "slurm.partition (--partition)",
-    "account": "slurm.account (--account)",
-    "qos": "slurm.qos",
-    "constraint": "slurm.constraint",
-    "exclusive": "slurm.exclusive",
-    "job-name": "name (--name)",
-    "output": "nothing: hpc-train places the logs (see `hpc-train logs`)",
-    "error": "nothing: hpc-train places the logs (see `hpc-train logs`)",
-    "open-mode": "nothing: logs are appended across requeues",
-    "signal": "slurm.signal and slurm.signal_delay_s",
-    "requeue": "slurm.requeue",
-    "no-requeue": "slurm.requeue",
-    "array": "--sweep / --sweep-file (and --max-parallel)",
-    "wrap": "nothing: hpc-train renders a whole script (--wrap cannot apply)",
-    "chdir": "nothing: hpc-train runs from the submit directory (runs_dir may be absolute)",
-}
+MANAGED_SBATCH_KEYS = {**slurm_options.managed_sbatch_keys(JobSpec, ""),
+                       **slurm_options.managed_sbatch_keys(SlurmConfig, "slurm"), **slurm_options.LAUNCH_SBATCH_KEYS}
+"""#SBATCH keys the header writes from the job's own fields (declared on each field) and from the launch: a second
+line in ``slurm.extra_sbatch`` would duplicate or contradict one."""
+
+SBATCH_TEXT_FIELDS = slurm_options.sbatch_text_fields(SlurmConfig)
+"""The slurm.* fields whose text lands on an #SBATCH line (declared on each field): a newline would end the line."""
+
+SCRIPT_VARIABLE_PREFIX = "HT_"
+"""The rendered script's own read-only variables (``HT_NAME``, ...; hpc_train/render/variables.py)."""
 
 
 def validate(spec: JobSpec) -> JobSpec:
@@ -114,9 +93,9 @@ def _validate_name_and_paths(spec: JobSpec) -> None:
 
 
 def _validate_slurm(s: SlurmConfig, strategy: str) -> None:
-    for key in ("partition", "account", "qos", "constraint", "time", "gres_name"):
+    for key in SBATCH_TEXT_FIELDS:
         value = getattr(s, key)
-        if value is not None and ("\n" in value or "\r" in value):
+        if isinstance(value, str) and ("\n" in value or "\r" in value):
             raise ConfigError(f"slurm.{key}: {value!r} contains a newline, which an #SBATCH line cannot carry")
     legacy_dp = strategy == "dp" and s.ranks_per_node == 1 and s.nodes == 1
     if s.gpus_per_node > 0 and s.ranks_per_node != s.gpus_per_node and not legacy_dp:
@@ -161,6 +140,9 @@ def _validate_slurm(s: SlurmConfig, strategy: str) -> None:
             raise ConfigError(f"slurm.env: {key} is read by every bash the job starts (its value expanded and run, or "
                               "the way the script is read changed); a job value never lands there: set it in your "
                               "own script")
+        if key.startswith(SCRIPT_VARIABLE_PREFIX):
+            raise ConfigError(f"slurm.env: {key}: names starting {SCRIPT_VARIABLE_PREFIX} are the script's own "
+                              "read-only variables; choose another name")
     if not (1024 <= s.master_port_base and s.master_port_base + s.master_port_span <= 65535 and s.master_port_span > 0):
         raise ConfigError("slurm.master_port_base/span must keep ports within 1024-65535")
     _validate_exports(s)
@@ -187,11 +169,11 @@ def _validate_exports(s: SlurmConfig) -> None:
                                   "expanded and run); a job value never lands there: set it in your own script")
 
 
-SHELL_READS = shell_rules.SHELL_READS
+SHELL_READS = frozenset({"BASH_ENV", "ENV", "PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND", "SHELLOPTS", "BASHOPTS",
+                         "IFS"})
 """Variables bash expands, runs or reads its script by: ``BASH_ENV='$(cmd)'`` runs cmd in every non-interactive
 bash (the torchrun launch line's, a command that is a script), ``PS4`` under xtrace, ``IFS`` re-splits the
-template's own words (docs/design.md, decision 3); the template check refuses a job value a template assigns to
-one of them."""
+template's own words (docs/design.md, decision 3)."""
 
 
 def _validate_train(t: TrainConfig, s: SlurmConfig) -> None:

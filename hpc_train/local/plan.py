@@ -30,20 +30,12 @@ from . import launcher
 # The submit side: run directories, the plan, the detached launcher
 # --------------------------------------------------------------------------------------------------
 
-# slurm.* keys that only mean something on a cluster (a local run says which of them a job set).
-_IGNORED_LOCALLY = ("modules", "venv", "conda_env", "python", "container", "partition", "account", "qos",
-                    "constraint", "exclusive", "mem_gb", "srun_args", "cpu_bind", "extra_sbatch", "gpu_flag",
-                    "gres_name", "template", "launcher", "exclude_bad_nodes")
-
-
 def ignored_keys(spec) -> list[str]:
     """The slurm.* keys set away from their defaults that a local run cannot honour."""
-    from ..config import SlurmConfig
+    from ..config.slurm_options import ignored_locally
 
-    default = SlurmConfig()
-    requeues = spec.command or spec.slurm.hang_action == "requeue"  # a local command or hang is launched again
-    keys = _IGNORED_LOCALLY if requeues else (*_IGNORED_LOCALLY, "requeue", "max_requeues")
-    return [f"slurm.{key}" for key in keys if getattr(spec.slurm, key) != getattr(default, key)]
+    requeues = bool(spec.command) or spec.slurm.hang_action == "requeue"  # a local command or hang is launched again
+    return [f"slurm.{key}" for key in ignored_locally(spec.slurm, relaunches=requeues)]
 
 
 def local_note(spec) -> str:

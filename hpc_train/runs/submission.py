@@ -10,7 +10,6 @@ import datetime as _dt
 import json
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -41,17 +40,6 @@ class SubmitResult:
         return json.dumps({k: getattr(self, k) for k in ("job_id", "run_name", "run_dir", "cluster", "note", "tasks")})
 
 
-def resolve_python(spec: JobSpec, interpreter: str | None = None) -> str:
-    """The interpreter the ranks run: explicit > activated venv/conda (``python``) > container
-    (``python3``, the host's path means nothing inside) > the one running hpc-train."""
-    s = spec.slurm
-    if s.python:
-        return s.python
-    if s.venv or s.conda_env:
-        return "python"
-    if s.container is not None:
-        return "python3"
-    return interpreter or sys.executable
 
 
 def shared_filesystem_warning(path: Path) -> str | None:

@@ -20,9 +20,9 @@ from typing import Any, Sequence
 from ..config import JobSources, JobSpec, Resolved, dump_yaml
 from ..errors import HpcTrainError, SubmitError
 from ..render import LaunchSpec, array_tasks, render_sbatch
+from ..render.plain import resolve_python
 from ..runs import rundir
-from ..runs.submission import (SubmitResult, continue_run_record, resolve_python, run_record, submission_facts,
-                               write_run_files)
+from ..runs.submission import SubmitResult, continue_run_record, run_record, submission_facts, write_run_files
 from ..runs.undo import Created
 from . import client as slurm_cli
 
@@ -37,23 +37,6 @@ def submitit_folder(group: Path) -> Path:
 
 def _submitit_command(python: str, folder: Path) -> str:
     return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
-
-
-def _array_range(count: int, max_parallel: int | None) -> str:
-    return f"0-{count - 1}%{min(count, max_parallel or count)}"
-
-
-def render_plain(spec: JobSpec, sources: JobSources, *, cwd: Path | None = None, interpreter: str | None = None,
-                 sweep: Sequence[JobSpec] = (), max_parallel: int | None = None) -> str:
-    """The self-contained script ``hpc-train render`` prints (admins ``sbatch`` it by hand)."""
-    launch = LaunchSpec()
-    if sweep:
-        tasks = array_tasks(len(sweep), spec.slurm.pack)
-        launch = LaunchSpec(stdout="slurm-%x-%A_%a.out", stderr="slurm-%x-%A_%a.out",
-                            array=_array_range(tasks, max_parallel))
-    return render_sbatch(spec, runs_root=str(rundir.runs_root(spec.runs_dir, cwd)),
-                         python=resolve_python(spec, interpreter), launch=launch, site_dirs=sources.template_dirs,
-                         array_specs=sweep)
 
 
 def with_site_gpu_flag(resolved: Resolved) -> tuple[JobSpec, list[JobSpec]]:

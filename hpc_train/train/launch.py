@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import JobSpec, dump_yaml
-from ..config.batchnorm import decide as batchnorm_decision
+from ..config.sync_bn import decide as batchnorm_decision
 from ..config.plugins import is_import_path
 from ..errors import ConfigError
 from ..rank import heartbeat, preempt

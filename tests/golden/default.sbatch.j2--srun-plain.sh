@@ -4,9 +4,9 @@
 # BatchNorm: synchronised across ranks (sync_bn: auto, 2 images per rank < 32)
 #SBATCH --job-name=cifar100-lt
 #SBATCH --nodes=4
+#SBATCH --gpus-per-node=8
 #SBATCH --ntasks-per-node=8
 #SBATCH --cpus-per-task=8
-#SBATCH --gpus-per-node=8
 #SBATCH --mem=0G
 #SBATCH --time=12:00:00
 #SBATCH --partition=a100
@@ -14,68 +14,26 @@
 #SBATCH --qos=normal
 #SBATCH --constraint=ib
 #SBATCH --exclusive
+#SBATCH --signal=USR2@120
+#SBATCH --requeue
 #SBATCH --output=slurm-%x-%j.out
 #SBATCH --error=slurm-%x-%j.out
 #SBATCH --open-mode=append
-#SBATCH --signal=USR2@120
-#SBATCH --requeue
 #SBATCH --hint=nomultithread
 #SBATCH --mail-type=END
 
-# Stop at the first failing setup command; the launch itself is checked by hand below.
-set -eo pipefail
-
-# --- environment -------------------------------------------------------------------------------
-# EL batch shells are non-login shells: /etc/profile.d is not read, so `module` may be missing.
-if ! command -v module >/dev/null 2>&1; then
-    for modules_init in /usr/share/lmod/lmod/init/bash /etc/profile.d/lmod.sh \
-                        /usr/share/Modules/init/bash /etc/profile.d/modules.sh; do
-        if [ -r "$modules_init" ]; then
-            # shellcheck disable=SC1090
-            . "$modules_init"
-            break
-        fi
-    done
-fi
-module purge
-module load cuda/12.4 nccl/2.21
-# shellcheck disable=SC1090,SC1091
-. /shared/envs/lt/bin/activate
-PYTHON=/shared/envs/lt/bin/python
-# Slurm >= 22.05: srun no longer inherits --cpus-per-task from sbatch.
-export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-8}"
-export OMP_NUM_THREADS=8
-# A dead rank ends the job with its name instead of blocking every other rank until the time limit.
-export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
-export NCCL_ASYNC_ERROR_HANDLING=1
-export PYTHONUNBUFFERED=1
-# The ranks' heartbeats follow the watchdog's timeout (hpc_train/rank/heartbeat.py).
-export HPC_TRAIN_HANG_TIMEOUT_S=900
-export NCCL_IB_HCA=mlx5_0:1
-export NCCL_SOCKET_IFNAME='^docker,lo'
-
-# --- run directory -----------------------------------------------------------------------------
-# Keyed on the job id (array: <array job id>_<task id>), which survives `scontrol requeue`, so a
-# requeued job finds its checkpoints.
-if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
-    RUN_ID="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
-else
-    RUN_ID="${SLURM_JOB_ID:?not running under Slurm (SLURM_JOB_ID is unset)}"
-fi
-RUN_DIR=/shared/project/runs/cifar100-lt/"$RUN_ID"
-mkdir -p "$RUN_DIR/logs"
-export HPC_TRAIN_RUN_DIR="$RUN_DIR"
-# The run's state, one line per change (hpc_train/runs/rundir.py reads them for `hpc-train status`): this
-# launch started here, and the exit block below records how it ended.
-run_event() {  # run_event EVENT [EXIT_CODE]
-    printf '{"event": "%s", "writer": "launcher", "instance": "slurm:%s.%s", "restart": %s, "job_id": "%s", "exit_code": %s, "host": "%s", "nodes": "%s", "time": "%s"}\n' \
-        "$1" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_ID" "${2:-null}" \
-        "$(hostname -s)" "$SLURM_JOB_NODELIST" "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" >> "$RUN_DIR/state.jsonl"
-}
-run_event running
-# The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-cat > "$RUN_DIR/job.yaml" <<'HPC_TRAIN_JOB_8CBDDECD9150'
-name: cifar100-lt
+# The job's values, each one shell word in a read-only variable (hpc_train/render/variables.py): the
+# script below reads them and never holds job text as code.
+readonly HT_RUN_GROUP=/shared/project/runs/cifar100-lt
+readonly HT_PYTHON=/shared/envs/lt/bin/python
+readonly HT_CPUS_PER_TASK=8
+readonly -a HT_MODULES=(cuda/12.4 nccl/2.21)
+readonly HT_HANG_TIMEOUT_S=900
+readonly HT_MASTER_PORT_BASE=20000
+readonly HT_MASTER_PORT_SPAN=12000
+readonly HT_SBATCH_TASKS_PER_NODE=8
+readonly HT_VENV_ACTIVATE=/shared/envs/lt/bin/activate
+readonly HT_JOB_YAML='name: cifar100-lt
 runs_dir: runs
 slurm:
   nodes: 4
@@ -83,7 +41,7 @@ slurm:
   tasks_per_node: null
   cpus_per_task: 8
   mem_gb: 0
-  time: '12:00:00'
+  time: '"'"'12:00:00'"'"'
   partition: a100
   account: proj-ml
   qos: normal
@@ -128,7 +86,7 @@ train:
   eval_batch_size: 256
   sync_bn: auto
   tf32: true
-  amp: 'off'
+  amp: '"'"'off'"'"'
   channels_last: false
   amp_weight_copy: true
   compile: false
@@ -233,7 +191,63 @@ train:
     crt_lr_update: epoch
     tau_norm: false
 command: []
-HPC_TRAIN_JOB_8CBDDECD9150
+'
+
+# Stop at the first failing setup command; the launch itself is checked by hand below.
+set -eo pipefail
+
+# --- environment -------------------------------------------------------------------------------
+# EL batch shells are non-login shells: /etc/profile.d is not read, so `module` may be missing.
+if ! command -v module >/dev/null 2>&1; then
+    for modules_init in /usr/share/lmod/lmod/init/bash /etc/profile.d/lmod.sh \
+                        /usr/share/Modules/init/bash /etc/profile.d/modules.sh; do
+        if [ -r "$modules_init" ]; then
+            # shellcheck disable=SC1090
+            . "$modules_init"
+            break
+        fi
+    done
+fi
+module purge
+module load "${HT_MODULES[@]}"
+
+# shellcheck disable=SC1090,SC1091
+. "$HT_VENV_ACTIVATE"
+PYTHON="$HT_PYTHON"
+# Slurm >= 22.05: srun no longer inherits --cpus-per-task from sbatch.
+export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-$HT_CPUS_PER_TASK}"
+export OMP_NUM_THREADS="$HT_CPUS_PER_TASK"
+# A dead rank ends the job with its name instead of blocking every other rank until the time limit.
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export NCCL_ASYNC_ERROR_HANDLING=1
+export PYTHONUNBUFFERED=1
+# The ranks' heartbeats follow the watchdog's timeout (hpc_train/rank/heartbeat.py).
+export HPC_TRAIN_HANG_TIMEOUT_S="$HT_HANG_TIMEOUT_S"
+# The job's slurm.env, each value one shell word.
+export NCCL_IB_HCA=mlx5_0:1
+export NCCL_SOCKET_IFNAME='^docker,lo'
+
+# --- run directory -----------------------------------------------------------------------------
+# Keyed on the job id (array: <array job id>_<task id>), which survives `scontrol requeue`, so a
+# requeued job finds its checkpoints.
+if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
+    RUN_ID="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+else
+    RUN_ID="${SLURM_JOB_ID:?not running under Slurm (SLURM_JOB_ID is unset)}"
+fi
+RUN_DIR="$HT_RUN_GROUP/$RUN_ID"
+mkdir -p "$RUN_DIR/logs"
+export HPC_TRAIN_RUN_DIR="$RUN_DIR"
+# The run's state, one line per change (hpc_train/runs/rundir.py reads them for `hpc-train status`): this
+# launch started here, and the exit block below records how it ended.
+run_event() {  # run_event EVENT [EXIT_CODE]
+    printf '{"event": "%s", "writer": "launcher", "instance": "slurm:%s.%s", "restart": %s, "job_id": "%s", "exit_code": %s, "host": "%s", "nodes": "%s", "time": "%s"}\n' \
+        "$1" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_ID" "${2:-null}" \
+        "$(hostname -s)" "$SLURM_JOB_NODELIST" "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" >> "$RUN_DIR/state.jsonl"
+}
+run_event running
+# The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
+printf '%s' "$HT_JOB_YAML" > "$RUN_DIR/job.yaml"
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then
@@ -267,8 +281,8 @@ export MASTER_ADDR
 # A port derived from the job id (never a constant: jobs share nodes), moved on while something listens
 # on it. SO_REUSEADDR as torch's TCPStore sets it: connections left in TIME_WAIT by an earlier run (a
 # requeue keeps the job id) do not make a port busy.
-port_base=20000
-port_span=12000
+port_base="$HT_MASTER_PORT_BASE"
+port_span="$HT_MASTER_PORT_SPAN"
 port_offset=$(( (${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} + ${SLURM_ARRAY_TASK_ID:-0}) % port_span ))
 for _ in $(seq 1 100); do
     MASTER_PORT=$(( port_base + port_offset ))
@@ -288,13 +302,13 @@ set +e
 # The step runs in the background, beside the watchdog (below): a function, so the srun lines stay as they are.
 launch_step() {
 srun --kill-on-bad-exit=1 --wait=60 \
-    --ntasks-per-node=8 --cpus-per-task=8 \
+    --ntasks-per-node="$HT_SBATCH_TASKS_PER_NODE" --cpus-per-task="$HT_CPUS_PER_TASK" \
     --output="$RUN_DIR/logs/rank-%t.log" \
     "$PYTHON" -u -m hpc_train.train --resolved "$RUN_DIR/job.yaml"
 }
 launch_step &
 srun_pid=$!
-# The watchdog (hpc_train/slurm/watchdog.py): when no rank has advanced for slurm.hang_timeout_s=900 s
+# The watchdog (hpc_train/slurm/watchdog.py): when no rank has advanced for slurm.hang_timeout_s (HT_HANG_TIMEOUT_S)
 # after its first heartbeat, it dumps the ranks' stacks into their logs, names the rank that stopped first and
 # its host, ends the step and records the run failed.
 "$PYTHON" -u -m hpc_train.slurm.watchdog watch "$RUN_DIR" "$srun_pid" &

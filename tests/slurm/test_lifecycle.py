@@ -144,7 +144,7 @@ def test_rendered_script_with_plain_sbatch(slurm_cluster, work):
     run_dir = work / "runs" / "plain-admin" / job_id
     assert sorted(p.name for p in (run_dir / "logs").glob("rank-*.log")) == [f"rank-{r}.log" for r in range(4)]
     assert len(rank_records(run_dir)) == 4 and metrics(run_dir)[-1]["epoch"] == 1
-    # The job the ranks ran is the job render resolved (heredoc -> job.yaml).
+    # The job the ranks ran is the job render resolved ($HT_JOB_YAML -> job.yaml).
     expected, _ = resolve_job(jobs_dir() / "digits_lt_demo.yaml",
                               site=SiteConfig(None, {}, ()), sets=["train.device=cpu", "train.schedule.warmup_epochs=0", "train.epochs=1"],
                               flags={"slurm.nodes": 2, "slurm.gpus_per_node": 2, "name": "plain-admin"})
@@ -339,9 +339,10 @@ def test_crashing_rank_is_named(slurm_cluster, work):
     crashing = original.replace('    "$PYTHON" -u -m hpc_train.train --resolved "$RUN_DIR/job.yaml"',
                                 '    bash -c \'if [ "$SLURM_PROCID" = 3 ]; then echo "boom on $(hostname)" >&2; exit 7; fi; '
                                 'exec "$@"\' crash "$PYTHON" -u -m hpc_train.train --resolved "$RUN_DIR/job.yaml"')
-    crashing = crashing.replace("    {{ launch.command }}\n",
+    assert '    "${HT_LAUNCH_COMMAND[@]}"\n' in crashing  # submit's (submitit) form: the line this test changes
+    crashing = crashing.replace('    "${HT_LAUNCH_COMMAND[@]}"\n',
                                 '    bash -c \'if [ "$SLURM_PROCID" = 3 ]; then echo "boom on $(hostname)" >&2; exit 7; fi; '
-                                'exec "$@"\' crash {{ launch.command }}\n')
+                                'exec "$@"\' crash "${HT_LAUNCH_COMMAND[@]}"\n')
     assert crashing != original
     (site_dir / "partials" / "launch_srun.j2").write_text(crashing)
     site_file = work / "crash-site.yaml"

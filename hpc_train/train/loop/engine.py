@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ...config import JobSpec, ScheduleConfig
-from ...config.batchnorm import decide as batchnorm_decision
+from ...config.sync_bn import decide as batchnorm_decision
 from ...config.plugins import is_import_path
 from ...errors import ConfigError
 from ...runs import rundir

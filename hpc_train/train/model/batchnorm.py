@@ -8,7 +8,7 @@ all-reduce of the gradients of those sums, so each rank back-propagates the glob
 exactly as one process would. Ranks may hold different numbers of images, none included (the last batch
 of an epoch). With ``sync_bn: true`` on CPUs it is the BatchNorm of every world size, one process included
 (the all-reduce is then skipped), so the arithmetic does not change with the world size. On CUDA
-``nn.SyncBatchNorm`` computes the same statistics with fused kernels (``config.batchnorm.kernel`` decides).
+``nn.SyncBatchNorm`` computes the same statistics with fused kernels (``config.sync_bn.kernel`` decides).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class GlobalBatchNorm(_BatchNorm):
 
 def synchronise_batchnorm(model: nn.Module, kernel: str) -> nn.Module:
     """``model`` with every BatchNorm synchronised across ranks (weights and buffers kept), by the kernel
-    ``config.batchnorm.kernel`` chose: ``fused`` CUDA's SyncBatchNorm, ``global`` GlobalBatchNorm,
+    ``config.sync_bn.kernel`` chose: ``fused`` CUDA's SyncBatchNorm, ``global`` GlobalBatchNorm,
     ``batchnorm`` none (the model as it is)."""
     if kernel == "fused":
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
