@@ -1,0 +1,228 @@
+"""render, submit, simulate, train: the commands that work on a job."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import ConfigError
+from .group import CONTEXT, cli
+from .options import (WithCommand, echo_json, job_options, resolve, runs_root, simulate_options, sweep_options,
+                      write_output)
+
+
+@cli.command(cls=WithCommand, context_settings=CONTEXT)
+@job_options
+@sweep_options
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the script to FILE instead of printing it.")
+def render(output: Path | None, **kwargs: Any) -> None:
+    """Print the complete sbatch script for a job (no Slurm needed). After `--`: your own command, which
+    every rank runs instead of the trainer (see `submit --help`).
+
+    The script is self-contained: it carries the fully resolved job, creates the run directory from
+    $SLURM_JOB_ID and launches every rank with `python -m hpc_train.train`; `sbatch` it by hand to run
+    the same job as `submit` (same resources, environment and training). `submit` renders the same
+    template with submitit's launch line and log paths instead, so submitit can track the job.
+
+    \b
+    Examples:
+      hpc-train render --nodes 4 --gpus 8
+      hpc-train render jobs/cifar10_lt_ldam_drw.yaml --set slurm.partition=a100 -o job.sbatch
+    """
+    from ..render.plain import render_plain
+
+    resolved = resolve(kwargs)
+    spec = resolved.spec
+    script = render_plain(spec, resolved.sources, sweep=resolved.sweep, max_parallel=kwargs.get("max_parallel"))
+    if output is None:
+        click.echo(script, nl=False)
+        return
+    write_output(output, script)
+    click.echo(f"wrote {output} ({spec.slurm.nodes} node(s) x {spec.slurm.ranks_per_node} rank(s)); "
+               f"submit it with: sbatch {output}", err=True)
+
+
+def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel: int | None) -> None:
+    """What submit would do, doing nothing: the local plan, or the Slurm script and Slurm's verdict (without
+    Slurm here: the script and the checks this machine can make, the verdict skipped, exit 0)."""
+    import shutil
+
+    from ..front.submit import choose_cluster
+    from ..plugin_probe import probe_plugins
+    from ..slurm import queue as slurm_queue
+
+    spec = resolved.spec
+    no_slurm = shutil.which("sbatch") is None
+    slurm_script_here = no_slurm and (cluster == "slurm" or (cluster == "auto" and spec.slurm.nodes > 1))
+    chosen, note = ("slurm", "") if slurm_script_here else choose_cluster(cluster, spec)  # type: ignore[arg-type]
+    for line in ([] if spec.command else probe_plugins(spec.train)):  # imports the job's own modules
+        click.echo(line, err=True)
+    if chosen == "local":
+        _local_plan(resolved, resume_dir, note)
+        return
+    spec, sweep = slurm_queue.with_site_gpu_flag(resolved)
+    script = slurm_queue.dry_run_script(spec, resolved.sources, sweep=sweep, max_parallel=max_parallel,
+                                       resume_dir=resume_dir)
+    click.echo(script, nl=False)
+    if slurm_script_here:
+        click.echo("no Slurm here: sbatch --test-only skipped", err=True)
+        return
+    for line in slurm_queue.preflight(spec, script):
+        click.echo(f"preflight: {line}", err=True)
+
+
+def _local_plan(resolved: Any, resume_dir: Path | None, note: str) -> None:
+    from ..local import plan as local
+    from ..runs import rundir
+
+    spec = resolved.spec
+    local.check_devices(spec)
+    group = rundir.run_group(rundir.runs_root(spec.runs_dir), spec.name)
+    run_dirs = [resume_dir] if resume_dir else [group / rid for rid in local.new_run_ids(len(resolved.sweep) or 1)]
+    click.echo(local.plan_text(resolved, run_dirs), nl=False)
+    for line in (note, local.local_note(spec)):
+        if line:
+            click.echo(line, err=True)
+    together = f"{spec.slurm.pack} at a time" if spec.slurm.pack > 1 else "one after another"
+    click.echo(f"dry run: would run {spec.slurm.ranks_per_node} local rank(s) of {spec.name!r} "
+               f"{'in ' + str(len(run_dirs)) + ' runs, ' + together if len(run_dirs) > 1 else ''}".rstrip(), err=True)
+
+
+@cli.command(cls=WithCommand, context_settings=CONTEXT)
+@job_options
+@sweep_options
+@click.option("--cluster", type=click.Choice(["auto", "slurm", "local"]), default="auto", show_default=True,
+              envvar="HPC_TRAIN_CLUSTER", show_envvar=True,
+              help="slurm: sbatch through submitit; local: processes on this machine; auto: slurm if sbatch is on PATH.")
+@click.option("--resume", "resume", metavar="RUN", help="Continue RUN (name/id, job id or path) in a new job.")
+@click.option("--chain", type=click.IntRange(min=1, max=100), default=1, show_default=True,
+              help="Queue N jobs, each starting after the previous ends and resuming the same run (no requeue needed).")
+@click.option("--dry-run", is_flag=True, help="Submit nothing; print what would run. Slurm: the script and Slurm's "
+              "verdict (partition, account, sbatch --test-only); without Slurm here, the script and the checks this "
+              "machine can make. Local: each rank's command line.")
+@click.option("--wait", is_flag=True, help="Follow the run(s) to the end; exit 0 only if they completed.")
+@click.option("--json", "as_json", is_flag=True, help="Print job id, run name and run dir as JSON.")
+@click.option("--snapshot", is_flag=True, help="Record the code that runs: the git SHA, branch and untracked files "
+              "(code.json) and the uncommitted `git diff HEAD` (code.diff) of the submit directory, in each run.")
+def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bool, as_json: bool, snapshot: bool,
+           **kwargs: Any) -> None:
+    """Submit a job: to Slurm through submitit, or as local processes.
+
+    Returns at once with the job id and run name (use --wait to follow the job). Without Slurm, the
+    job runs on this machine: `--gpus 0 --tasks-per-node N` runs N DDP ranks on CPUs (gloo); sweeps,
+    --resume and --chain run one after another (--pack K: K at a time).
+
+    After `--`, your own command: every rank runs it exactly as typed, with RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and HPC_TRAIN_RUN_DIR set, the same run directory, logs,
+    status and preemption (exit 75 after checkpointing on the signal: requeued; docs/commands.md).
+
+    \b
+    Examples:
+      hpc-train submit --nodes 2 --gpus 4 -- python train.py --lr 0.1
+      hpc-train submit --nodes 2 --gpus 4 -- hpc-train env   # what every rank sees
+      hpc-train submit --nodes 4 --gpus 8 jobs/cifar100_lt_bs.yaml
+      hpc-train submit --cluster local --wait            # the demo job, 2 local DDP ranks
+      hpc-train submit jobs/cifar100_lt_bs.yaml --dry-run     # script + sbatch --test-only
+      hpc-train submit JOB.yaml --sweep train.loss.name=ce,balanced_softmax --max-parallel 1
+      hpc-train submit --resume cifar10-lt/4242 --chain 3
+    """
+    from ..front.follow import stream_rank0, wait_for
+    from ..front.status import run_state
+    from ..front.submit import submit as submit_job
+    from ..runs.index import resolve_run
+    from ..runs.submission import continued_job_file, resumable, shared_filesystem_warning
+
+    resume_dir = None
+    job_file = None
+    if resume:
+        if kwargs.get("job"):
+            raise ConfigError("give either JOB or --resume RUN (a resumed run keeps its own job)")
+        if kwargs.get("sweeps") or kwargs.get("sweep_file"):
+            raise ConfigError("--resume continues one run; it takes no --sweep")
+        run = resolve_run(resume, runs_root(kwargs.get("runs_dir")))
+        resumable(run.run_dir, run_state(run)[0])  # the state alone: no metrics or logs read
+        resume_dir, job_file = run.run_dir, continued_job_file(run.run_dir)
+    resolved = resolve(kwargs, job_file)
+    if dry_run:
+        _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel"))
+        return
+    result = submit_job(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
+                        resume_dir=resume_dir, chain=chain, snapshot=snapshot)
+    warning = shared_filesystem_warning(Path(result.run_dir)) if result.cluster == "slurm" else None
+    for line in ([f"warning: {warning}"] if warning else []) + ([result.note] if result.note else []):
+        if not as_json:
+            click.echo(line, err=True)
+    if as_json:
+        click.echo(result.to_json())
+    else:
+        click.echo(f"submitted {result.run_name} (job {result.job_id}, {result.cluster}); run dir {result.run_dir}")
+    if wait:
+        try:
+            if not as_json:
+                stream_rank0(result, click.echo)
+            wait_for(result)
+        except KeyboardInterrupt:
+            click.echo(f"stopped following {result.run_name}; it goes on (hpc-train status / hpc-train cancel "
+                       f"{result.run_name})", err=True)
+            sys.exit(130)
+        if not as_json:
+            click.echo(f"{result.run_name} completed")
+
+
+@cli.command(context_settings=CONTEXT)
+@simulate_options
+@click.option("--nodelist", help="The allocation's node list (default: node[01-N]).")
+@click.option("--job-id", type=click.IntRange(min=1, max=2**31 - 1), default=1234, show_default=True,
+              help="Job id the MASTER_PORT is derived from.")
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+def simulate(nodelist: str | None, job_id: int, as_json: bool, **kwargs: Any) -> None:
+    """Show the RANK / LOCAL_RANK / NODE_RANK / MASTER_* every rank of an allocation would get.
+
+    It runs the rank mapping the tasks run (hpc_train.dist.DistEnv) on Slurm-shaped environments.
+
+    \b
+    Example:
+      hpc-train simulate --nodes 2 --gpus 4 --nodelist 'gpu[01-02]'
+    """
+    from ..rank.dist import simulate as simulate_ranks
+
+    s = resolve(kwargs).spec.slurm
+    nodelist = nodelist or (f"node[01-{s.nodes:02d}]" if s.nodes > 1 else "node01")
+    envs = simulate_ranks(nodelist, nodes=s.nodes, ranks_per_node=s.ranks_per_node, job_id=job_id,
+                          port_base=s.master_port_base, port_span=s.master_port_span)
+    keys = ["rank", "local_rank", "node_rank", "world_size", "local_world_size", "host", "master_addr", "master_port"]
+    rows = [dict(zip(keys, (d.rank, d.local_rank, d.node_rank, d.world_size, d.local_world_size, d.hostname,
+                            d.master_addr, d.master_port))) for d in envs]
+    if as_json:
+        echo_json(rows)
+        return
+    shown = [k for k in keys if k != "local_world_size"]
+    widths = [max(len(k), *(len(str(r[k])) for r in rows)) for k in shown]
+    click.echo("  ".join(k.upper().ljust(w) for k, w in zip(shown, widths)).rstrip())
+    for row in rows:
+        click.echo("  ".join(str(row[k]).ljust(w) for k, w in zip(shown, widths)).rstrip())
+
+
+@cli.command(context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
+def train(train_args: tuple[str, ...]) -> None:
+    """Run the training entrypoint in this process (under srun, torchrun, or alone).
+
+    This is `python -m hpc_train.train` (the same process lifecycle the ranks of a job have):
+    JOB [--set KEY=VALUE]... [--epochs N] [--dry-run] [--run-dir DIR]; JOB is a job file or a shipped
+    example name.
+
+    \b
+    Examples:
+      hpc-train train digits_lt_demo --set train.epochs=2
+      hpc-train train jobs/cifar10_lt_ldam_drw.yaml --dry-run --set train.data.root=/data/cifar
+      hpc-train train jobs/cifar10_lt_ldam_drw.yaml --epochs 3 --set train.data.root=/data/cifar
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "hpc_train.train", *train_args])
