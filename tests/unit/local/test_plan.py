@@ -50,6 +50,7 @@ def test_a_gpu_job_is_refused_on_a_machine_without_gpus_before_any_rank_starts(m
 
 def test_a_local_run_says_which_cluster_only_keys_it_ignores():
     spec = _resolved("slurm.gpus_per_node=0", "slurm.partition=a100", "slurm.modules=[cuda]").spec
-    assert plan.ignored_keys(spec) == ["slurm.modules", "slurm.partition"]
-    assert plan.local_note(spec).startswith("running locally: slurm.modules, slurm.partition ignored")
+    # In the schema's order (config/slurm_options.py derives the list from the fields).
+    assert plan.ignored_keys(spec) == ["slurm.partition", "slurm.modules"]
+    assert plan.local_note(spec).startswith("running locally: slurm.partition, slurm.modules ignored")
     assert plan.local_note(_resolved("slurm.gpus_per_node=0").spec) == ""
