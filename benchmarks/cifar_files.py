@@ -1,7 +1,7 @@
 """Write CIFAR-10 "python version" files with random pixels — the official layout and sizes (50,000
 training and 10,000 test images), so ``cifar10-lt`` recipes run where the real data cannot be fetched
 (a GPU machine without network). Speed does not depend on the pixels; accuracy figures from them mean
-nothing. Python-3 pickles (the loader reads both kinds; tests/train/cifar_files.py writes either).
+nothing. Python-3 pickles (the loader reads both kinds; tests/unit/train/cifar_files.py writes either).
 
     PYTHONPATH=. python3 benchmarks/cifar_files.py --root DIR            # DIR/cifar-10-batches-py/, ~3 s
     PYTHONPATH=. python3 benchmarks/cifar_files.py --root DIR --tiny     # 100 / 20 images per class
@@ -19,7 +19,7 @@ if __package__ in (None, ""):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.train.cifar_files import make_arrays, write_cifar10
+    from tests.unit.train.cifar_files import make_arrays, write_cifar10
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, required=True, help="train.data.root of the recipe")

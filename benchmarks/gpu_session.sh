@@ -20,7 +20,7 @@
 #   recipe    110 s   the 200-epoch LDAM-DRW speed recipe end to end: bf16 (one bf16 weight copy), channels_last,
 #                     captured (python -m hpc_train.train jobs/cifar10_lt_ldam_drw_fast.yaml ...): its end line
 #   bench     150 s   benchmarks/gpu.py: reference, eager, captured timed first; compiled last, if time allows
-#   gpu_check 150 s   tests/train/gpu_check.py: one PASS/FAIL/SKIP line per check
+#   gpu_check 150 s   tests/unit/train/gpu_check.py: one PASS/FAIL/SKIP line per check
 #   pack      150 s   benchmarks/gpu_pack.py: K = 4 packed runs vs one, then under MPS if it starts
 #
 # OUT_DIR holds small files only, none in a subfolder (what a device session brings back: 8 files at
@@ -138,7 +138,7 @@ stage data 20 "$py" benchmarks/cifar_files.py --root "$work/data" "${data_args[@
 stage recipe 110 "$py" -m hpc_train.train jobs/cifar10_lt_ldam_drw_fast.yaml --set "train.data.root=$work/data" \
     --run-dir "$work/recipe-run" "${recipe_args[@]}"
 stage bench 150 "$py" benchmarks/gpu.py --out "$out/gpu_bench.json" "${bench_args[@]}"
-stage gpu_check 150 "$py" tests/train/gpu_check.py --out "$out/gpu_check.json" --keep "$work/gpu-check" \
+stage gpu_check 150 "$py" tests/unit/train/gpu_check.py --out "$out/gpu_check.json" --keep "$work/gpu-check" \
     "${check_args[@]}"
 stage pack 150 "$py" benchmarks/gpu_pack.py --out "$out/gpu_pack.json" --work "$work/pack" "${pack_args[@]}"
 pack_logs

@@ -1,4 +1,4 @@
-"""The one golden-file check of both golden suites (the sbatch scripts, tests/test_render.py; the Ansible role
+"""The one golden-file check of both golden suites (the sbatch scripts, tests/unit/render/test_render.py; the Ansible role
 templates, tests/ansible/test_templates.py). ``HPC_TRAIN_UPDATE_GOLDEN=1`` rewrites the files instead of
 comparing (then review ``git diff``); a missing file is written and the test fails, so it is never silently new."""
 

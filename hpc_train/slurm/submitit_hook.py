@@ -5,7 +5,7 @@ override that hook so the file submitit writes and submits is *our* template, re
 launch line (``python -u -m submitit.core._submit <folder>``) and submitit's log paths. Everything else
 (pickling the callable, ``sbatch``, job ids, result pickles, arrays) stays submitit's.
 
-tests/test_submitit_hook.py takes the lines submitit needs from the installed submitit's own builder
+tests/unit/slurm/test_submitit_hook.py takes the lines submitit needs from the installed submitit's own builder
 at test time and checks each is in ours, so an upgrade that changes them fails loudly.
 """
 

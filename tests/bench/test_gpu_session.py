@@ -35,7 +35,7 @@ case "$1" in
     benchmarks/gpu.py) echo '{"sides": {"captured": {"train_images_per_s": 50000.0}},
         "ratios": {"captured_vs_reference": 7.5}, "stages": [{"stage": "round:3"}]}' > "$3"
         exit 124 ;;  # as if stopped at its cap
-    tests/train/gpu_check.py) echo '{"ok": false,
+    tests/unit/train/gpu_check.py) echo '{"ok": false,
         "checks": {"nccl": {"status": "PASS"}, "resume": {"status": "FAIL", "why": "exit 1"}}}' > "$3"
         exit 1 ;;
     benchmarks/gpu_pack.py) echo '{"k": 4, "mps": "started", "packed_vs_alone": 2.5, "variants": {}}' > "$3" ;;

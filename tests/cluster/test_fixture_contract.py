@@ -1,7 +1,7 @@
 """The `slurm_cluster` fixture's contract: skip (with the reason) only when not root; under CI=true,
 or when the cluster cannot start, the Slurm tests FAIL instead of passing silently.
 
-Each case runs one real cluster test (tests/slurm/test_cluster.py) in a child pytest, so the
+Each case runs one real cluster test (tests/real_cluster/test_cluster.py) in a child pytest, so the
 fixture under test is the one every Slurm test uses. "Not root" is simulated in the child by
 replacing os.geteuid (dropping to a real user would need that user to read the checkout, which a
 clone under /root does not allow). No case touches a running cluster: the "non-root" child stops
@@ -18,7 +18,7 @@ import pytest
 
 from tests.cluster import harness
 
-TARGET = "tests/slurm/test_cluster.py::test_shape_nodes_partitions_gres_accounting"
+TARGET = "tests/real_cluster/test_cluster.py::test_shape_nodes_partitions_gres_accounting"
 
 
 def _child_pytest(env_updates: dict[str, str], as_non_root: bool) -> subprocess.CompletedProcess[str]:

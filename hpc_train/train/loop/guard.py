@@ -6,7 +6,7 @@ the CPU) is read once, at capture, and then silently frozen; on the eager path t
 host wait for the GPU at every step. :class:`NoHostSync` sits in PyTorch's dispatcher (a
 ``TorchDispatchMode``) and raises :class:`HostSyncError` on the operators that do that, on every device
 — so a CPU test proves the step would be capturable, and catches the read before a GPU ever runs it.
-On a GPU, ``torch.cuda.set_sync_debug_mode("error")`` is the second line (``tests/train/gpu_check.py``).
+On a GPU, ``torch.cuda.set_sync_debug_mode("error")`` is the second line (``tests/unit/train/gpu_check.py``).
 
 Rejected: ``_local_scalar_dense`` (every ``.item()``, ``bool(tensor)``, ``int(tensor)``), ``nonzero``
 and indexing with a boolean mask (``x[mask]``, ``torch.where(cond)``), ``equal`` (a host bool),

@@ -1,6 +1,6 @@
 """runs/status.py folds a scheduler's view of a job, in neutral words (runs/scheduler_job.py), with what the run
 directory recorded — no scheduler is asked and none is named but the one the view says. Slurm's own states are
-mapped onto this view in slurm/client.py (tests/test_run_states.py checks the two together)."""
+mapped onto this view in slurm/client.py (tests/unit/runs/test_run_states.py checks the two together)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from hpc_train.cli import cli
 from hpc_train.config import JobSpec, build, epochs, validate
 from hpc_train.errors import ConfigError
 
-JOBS = Path(__file__).resolve().parents[1] / "jobs"
+JOBS = Path(__file__).resolve().parents[3] / "jobs"
 
 
 def spec(**train):

@@ -12,7 +12,7 @@ from hpc_train.runs.index import Run
 from hpc_train.runs.status import first_failure, first_failure_in, log_files
 from hpc_train.slurm import client as slurm
 
-OUT = Path(__file__).parent / "slurm_outputs"
+OUT = Path(__file__).resolve().parents[2] / "slurm_outputs"
 
 
 def text(name):

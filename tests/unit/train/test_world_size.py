@@ -204,7 +204,7 @@ def test_every_loss_and_method_trains_the_same_weights_at_world_sizes_1_2_4(tmp_
     procs = {}
     for world in (1, 2, 4):
         args = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-                "-m", "tests.train.world_size_worker", str(tmp_path)]
+                "-m", "tests.unit.train.world_size_worker", str(tmp_path)]
         log = open(tmp_path / f"methods-w{world}.log", "w")
         procs[world] = subprocess.Popen(args, cwd=REPO, env=clean_env(tmp_path), stdout=log, stderr=subprocess.STDOUT)
     for world, proc in procs.items():

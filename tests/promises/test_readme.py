@@ -12,7 +12,7 @@ import pytest
 
 from tests.cli_helpers import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 PLACEHOLDER = re.compile(r"\[|\b(?:JOB|RUN|INVENTORY|HOSTS|TAGS|KEY|VALUE|DIR|FILE|N|R)\b")
 
@@ -62,7 +62,7 @@ def place(tmp_path_factory, stub_slurm_module):
 
 def write_sweep_runs(group: Path) -> None:
     """Four finished local runs of a loss x seed sweep, in the run directory's formats (config.json, run.json,
-    state.jsonl, metrics.jsonl); tests/slurm/test_commands.py checks the report's figures on real runs."""
+    state.jsonl, metrics.jsonl); tests/real_cluster/test_commands.py checks the report's figures on real runs."""
     import json
 
     from hpc_train.config import resolve

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from hpc_train.cli import cli
 from hpc_train.config import sync_bn
 
-JOBS = Path(__file__).resolve().parents[1] / "jobs"
+JOBS = Path(__file__).resolve().parents[3] / "jobs"
 
 
 @pytest.mark.parametrize("setting, world, batch, on, exact, text", [

@@ -1,7 +1,7 @@
 """Your own command under hpc-train, locally (`--cluster local`): every rank gets the mapping and the argv
 exactly as typed, a failing rank fails the run with its rank and host named, the preemption contract
 (checkpoint on the signal, exit 75, launched again, resumed); and `--pack 2` runs sweep points together with
-the same per-run metrics as run one after another. The same on the Slurm cluster: tests/slurm/test_commands.py."""
+the same per-run metrics as run one after another. The same on the Slurm cluster: tests/real_cluster/test_commands.py."""
 
 import functools
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.cli_helpers import cli, launch_span
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 HOSTILE = ["$(touch pwned)", "010", "on", "a b", "it's", "--set", ""]
 
 

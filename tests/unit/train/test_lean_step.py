@@ -90,7 +90,7 @@ def test_images_are_stored_in_the_amp_dtype_only_where_nothing_computes_with_the
     from hpc_train.train.loop.engine import stored_dtype
 
     plain, mixed = make_spec(BF16).train, make_spec(deep_update(BF16, mixup_alpha=0.2)).train
-    plugin = make_spec(deep_update(BF16, model={"name": "tests.train.plugin_model:TinyNet"})).train
+    plugin = make_spec(deep_update(BF16, model={"name": "tests.unit.train.plugin_model:TinyNet"})).train
     assert stored_dtype(plain, torch.bfloat16) == torch.bfloat16  # the first convolution casts to it anyway
     assert stored_dtype(plain, None) == torch.float32
     # Mixup mixes the stored images before that cast: bf16 would round them three times (a mix of bf16 values).

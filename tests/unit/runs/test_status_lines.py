@@ -17,7 +17,7 @@ from hpc_train.runs.submission import SubmitResult
 from hpc_train.front.follow import wait_for
 from tests.cli_helpers import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 FIGURES = {"epoch": 10, "global_step": 70, "top1": 0.812, "balanced": 0.8, "many": 1.0, "medium": 0.996, "few": 0.535}
 
 

@@ -1,7 +1,7 @@
 """GPU checks — run on a machine with an NVIDIA GPU (not collected by pytest); ≤ 150 s on one H200.
 
-    PYTHONPATH=. python3 tests/train/gpu_check.py [--out report.json] [--keep DIR]
-    PYTHONPATH=. python3 tests/train/gpu_check.py --cpu-smoke      # the script itself, on a CPU
+    PYTHONPATH=. python3 tests/unit/train/gpu_check.py [--out report.json] [--keep DIR]
+    PYTHONPATH=. python3 tests/unit/train/gpu_check.py --cpu-smoke      # the script itself, on a CPU
 
 Runs the real entrypoint (``python -m hpc_train.train``, no Slurm) and a few in-process probes, four at a
 time, and prints one line per check as it finishes — ``PASS|FAIL|SKIP name seconds {details}`` — then one
@@ -40,7 +40,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PYTHON = sys.executable
 DEADLINE_S = 140.0
 

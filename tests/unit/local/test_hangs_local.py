@@ -2,7 +2,7 @@
 blocks forever in a plug-in loss. ``status`` says ``stalled`` before the timeout; then the run is ``failed``
 naming the rank and host, the other ranks' stacks (and the blocked rank's own) are in the logs, and no process is
 left. With ``hang_action: requeue`` the run is launched again from its last checkpoint and completes. A rank
-throttled with SIGSTOP/SIGCONT cycles is named as a straggler. The harness counterparts: tests/slurm/test_hangs.py."""
+throttled with SIGSTOP/SIGCONT cycles is named as a straggler. The harness counterparts: tests/real_cluster/test_hangs.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 from tests.cli_helpers import cli
 from tests.hang_helpers import follow, gone, record_measurement, stop_rank, wait_for_beats
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 HOST = socket.gethostname()
 BLOCKING_LOSS = ["--set", "train.loss.name=tests.scripts.blocking_loss:build",
                  "--set", "train.loss.args={block_at_call: 30, block_rank: 1}"]

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_a_rank_that_never_joins_the_agreement_ends_it_within_the_process_group_timeout():
@@ -24,7 +24,7 @@ def test_a_rank_that_never_joins_the_agreement_ends_it_within_the_process_group_
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.train.agreement_timeout_worker", str(stalled_s)],
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.unit.train.agreement_timeout_worker", str(stalled_s)],
                                       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     start = time.monotonic()
     out0, _ = procs[0].communicate(timeout=120)

@@ -18,7 +18,7 @@ WORLD = 2
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("grad_sync")
     port = str(free_port())
-    procs = [subprocess.Popen([PYTHON, "-m", "tests.train.grad_sync_worker", str(out)], cwd=REPO,
+    procs = [subprocess.Popen([PYTHON, "-m", "tests.unit.train.grad_sync_worker", str(out)], cwd=REPO,
                               env=clean_env(out, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(WORLD),
                                             LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]

@@ -104,7 +104,7 @@ def test_usr2_mid_epoch_then_resume_gives_the_uninterrupted_weights(tmp_path):
     # ... and training did something: the weights moved away from the seeded initial model.
     from hpc_train.train.data import datasets
     from hpc_train.train.model.models import init_model
-    from tests.train.helpers import make_spec
+    from tests.unit.train.helpers import make_spec
 
     spec = make_spec(TRAIN, tasks=WORLD)
     initial = init_model(spec.train, datasets.load(spec.train.data)).state_dict()

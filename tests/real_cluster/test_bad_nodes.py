@@ -13,8 +13,8 @@ import pytest
 from hpc_train.runs.bad_nodes import excluded_names
 from tests.cluster import harness
 from tests.hang_helpers import follow, record_measurement, stop_rank, wait_for_beats
-from tests.slurm.test_hangs import _extra, status
-from tests.slurm.test_lifecycle import hpc, metrics, wait_for
+from tests.real_cluster.test_hangs import _extra, status
+from tests.real_cluster.test_lifecycle import hpc, metrics, wait_for
 
 pytestmark = pytest.mark.timeout(420)
 

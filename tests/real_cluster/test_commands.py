@@ -2,7 +2,7 @@
 `submit -- CMD` on 2 nodes x 2 tasks (the mapping and the argv every rank gets, a failing rank named with its
 host), a command that checkpoints on the signal being requeued and resuming, `report` over a 2 x 2 sweep
 (loss x seed) of the digits job checked against metrics.jsonl, and the same sweep with `--pack 2` giving the
-same per-run metrics. The local counterparts: tests/test_commands_local.py."""
+same per-run metrics. The local counterparts: tests/unit/local/test_commands_local.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from tests.cli_helpers import launch_span
 from tests.cluster import harness
-from tests.slurm.test_lifecycle import _restart_count, hpc, metrics, submit_json, wait_for, wait_state
+from tests.real_cluster.test_lifecycle import _restart_count, hpc, metrics, submit_json, wait_for, wait_state
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -12,7 +12,7 @@ from hpc_train.config import NO_SITE, ConfigError, resolve
 from hpc_train.config.yaml_text import parse_mapping, parse_yaml
 from tests.cli_helpers import assert_refused, cli, tree
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 MAX_DEPTH, MAX_NODES = 100, 10_000  # as the README and yaml_text's docstring state them
 # The kind of bomb: 9 lists of 9 aliases of the list before, 9^9 = 387,420,489 values expanded.
 BOMB = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(

@@ -27,7 +27,7 @@ from torch import nn
 
 LOSSES = ("ce", "focal", "ldam", "balanced_softmax", "logit_adjusted", "label_aware_smoothing", "sigmoid_focal",
           "softmax_bce")
-"""Every built-in loss (tests/train/test_world_size.py checks this is all of config.LossName)."""
+"""Every built-in loss (tests/unit/train/test_world_size.py checks this is all of config.LossName)."""
 
 
 def _loss(name: str, **more: Any) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def job(name: str, world_size: int):
     base = {"device": "cpu", "num_threads": 1, "deterministic": True, "sync_bn": True, "epochs": 3, "batch_size": 64,
             "log_every_steps": 1000, "keep_checkpoints": 1, "eval_batch_size": 512,
             "data": {"name": "digits-lt", "imbalance_factor": 25},
-            "model": {"name": "tests.train.world_size_worker:mlp"},
+            "model": {"name": "tests.unit.train.world_size_worker:mlp"},
             "optim": {"lr": 0.05, "weight_decay": 5e-4},
             "schedule": {"name": "cosine", "warmup_epochs": 1}}
     return validate(build(JobSpec, {"name": name, "slurm": {"tasks_per_node": world_size, "gpus_per_node": 0},

@@ -1,7 +1,7 @@
 """The batch script's watchdog on the harness (2 nodes, one gloo rank each; issue 18): a rank stopped with SIGSTOP
 and a rank that blocks forever in a plug-in loss. ``status`` says ``stalled`` before the timeout; then the run is
 ``failed`` naming the rank and its node, the other rank's stacks (and the blocked rank's own) are in the logs, and
-no process is left on any node. The local counterparts: tests/test_hangs_local.py.
+no process is left on any node. The local counterparts: tests/unit/local/test_hangs_local.py.
 
 The test stops the rank with ``os.kill`` from here: the harness's nodes share this machine's process table (the
 watchdog itself reads states through a diagnostic ``srun --overlap`` on each node, as on a real cluster)."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.hang_helpers import follow, gone, record_measurement, stop_rank, wait_for_beats
-from tests.slurm.test_lifecycle import hpc
+from tests.real_cluster.test_lifecycle import hpc
 
 pytestmark = pytest.mark.timeout(420)
 

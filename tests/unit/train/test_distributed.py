@@ -25,7 +25,7 @@ def results(tmp_path_factory):
         for rank in range(world):
             env = clean_env(out, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                             LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-            procs.append(subprocess.Popen([PYTHON, "-m", "tests.train.dist_worker", str(out)], cwd=REPO, env=env,
+            procs.append(subprocess.Popen([PYTHON, "-m", "tests.unit.train.dist_worker", str(out)], cwd=REPO, env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for p in procs:
         output, _ = p.communicate(timeout=240)

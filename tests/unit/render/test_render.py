@@ -16,7 +16,7 @@ from hpc_train.render import LaunchSpec, render_sbatch
 from hpc_train.slurm.submitit_hook import submitit_launch
 from tests.golden_files import check_golden
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
 NO_SITE = SiteConfig(path=None, defaults={}, template_dirs=())
 
@@ -73,7 +73,7 @@ def render_variant(variant):
 def test_golden():
     # One whole script (the default srun plain one); each other variant is the lines that make it that variant.
     check_golden(GOLDEN / "default.sbatch.j2--srun-plain.sh", render_variant("srun-plain"),
-                 how_to_update=".venv/bin/python -m pytest tests/test_render.py -k golden")
+                 how_to_update=".venv/bin/python -m pytest tests/unit/render/test_render.py -k golden")
 
 
 SUBMITIT = "/shared/project/runs/cifar100-lt/.submitit"

@@ -12,7 +12,7 @@ import pytest
 from hpc_train.runs.scheduler_job import SchedulerJob
 from hpc_train.slurm import client as slurm
 from tests.cluster import harness
-from tests.slurm.test_lifecycle import wait_state
+from tests.real_cluster.test_lifecycle import wait_state
 
 pytestmark = pytest.mark.timeout(300)
 

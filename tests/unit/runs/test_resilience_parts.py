@@ -1,7 +1,7 @@
 """The parts of issue 18 that need no launch, each against what it reads: the watchdog's rule over heartbeats, the
 stack reader, ``status``'s stalled verdict, the straggler rule, GPU-hours from a state log, MaxArraySize from
-``scontrol show config``'s text, and the bad-node list. The launches themselves: tests/test_hangs_local.py,
-tests/slurm/test_hangs.py, tests/slurm/test_bad_nodes.py."""
+``scontrol show config``'s text, and the bad-node list. The launches themselves: tests/unit/local/test_hangs_local.py,
+tests/real_cluster/test_hangs.py, tests/real_cluster/test_bad_nodes.py."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
   when its result is read, after the next epoch trained) gives exactly the records of evaluating at once, each
   under its own epoch, written one epoch late; the best held-out snapshot holds the weights of the epoch it was
   chosen at. (What the stand-in cannot show: the CUDA stream, the pinned copy and the event themselves —
-  ``tests/train/gpu_check.py`` on a GPU.)
+  ``tests/unit/train/gpu_check.py`` on a GPU.)
 * Progress is read one epoch behind: at an epoch's end the host waits for what earlier epochs recorded, not for
   this epoch's steps.
 """
