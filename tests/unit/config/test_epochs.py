@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from hpc_train.cli import cli
 from hpc_train.config import JobSpec, build, epochs, validate
 from hpc_train.errors import ConfigError
+from tests.cli_helpers import script_values
 
 JOBS = Path(__file__).resolve().parents[3] / "jobs"
 
@@ -61,8 +62,8 @@ def test_render_and_submit_take_epochs_and_say_what_changed():
     assert result.exit_code == 0, result.output
     assert ("--epochs 3: train.epochs 200 -> 3, train.schedule.warmup_epochs 5 -> 1, train.schedule.milestones "
             "[160, 180] -> [2, 2], train.loss.drw_epoch 160 -> 2") in result.stderr
-    heredoc = result.stdout.split("<<'HPC_TRAIN_JOB_")[1].split("\n", 1)[1]
-    train = yaml.safe_load(heredoc.rsplit("\nHPC_TRAIN_JOB_", 1)[0])["train"]  # what the ranks will run
+    (job_yaml,) = script_values(result.stdout, '"$HT_JOB_YAML"')
+    train = yaml.safe_load(job_yaml)["train"]  # what the ranks will run
     assert (train["epochs"], train["schedule"]["milestones"], train["loss"]["drw_epoch"]) == (3, [2, 2], 2)
     local = runner.invoke(cli, ["submit", "--cluster", "local", "--dry-run", "--epochs", "2"])
     assert local.exit_code == 0 and "--epochs 2: train.epochs 30 -> 2" in local.stderr
