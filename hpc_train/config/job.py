@@ -68,7 +68,9 @@ class SlurmConfig:
     """Number of nodes."""
     gpus_per_node: int = option(0, bounds=Bounds(low=0, high=MAX_RANKS_PER_NODE),
                                 sbatch=Sbatch(write=lambda s: s.gpu_request, reads=("gres_name",),
-                                              manages=("gpus", "gpus-per-node", "gpus-per-task", "gres")),
+                                              manages=("gpus", "gpus-per-node", "gpus-per-task", "gres"),
+                                              advice=(("gpus-per-task", "(one rank per GPU)"),
+                                                      ("gres", "with slurm.gpu_flag=gres and slurm.gres_name"))),
                                 flag=Flag("--gpus", "-G", envvar="HPC_TRAIN_GPUS",
                                           help="GPUs per node; implies one rank per GPU unless --tasks-per-node is "
                                                "given."))
@@ -116,7 +118,8 @@ class SlurmConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment variables for every rank (NCCL/IB settings usually come from the site file)."""
     container: ContainerConfig | None = option(None, local=False)
-    signal: str = option("USR2", sbatch=Sbatch(write=lambda s: s.signal_request, manages=("signal",)))
+    signal: str = option("USR2", sbatch=Sbatch(write=lambda s: s.signal_request, manages=("signal",),
+                                               advice=(("signal", "and slurm.signal_delay_s"),)))
     """Signal Slurm sends before the time limit (and on preemption); it triggers checkpoint + requeue.
     Not USR1: NCCL uses it."""
     signal_delay_s: int = 120

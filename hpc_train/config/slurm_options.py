@@ -26,7 +26,8 @@ class Sbatch:
     a bare ``--key`` while the value is true; ``value``: the value from the whole section, where it is not the field's
     own (``--ntasks-per-node`` counts the launcher too), or ``write``: the whole ``--key=value`` text (None: no line),
     where the key itself depends on other fields. ``manages``: the keys the line sets (``key`` when not given);
-    ``reads``: the other fields whose text lands on the line (each checked for a newline)."""
+    ``reads``: the other fields whose text lands on the line (each checked for a newline); ``advice``: (key, words) the
+    refusal of that key in ``slurm.extra_sbatch`` adds to the field's name (``gres``: "with slurm.gpu_flag=gres")."""
 
     key: str | None = None
     flag: bool = False
@@ -35,6 +36,7 @@ class Sbatch:
     unit: str = ""
     manages: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
+    advice: tuple[tuple[str, str], ...] = ()
 
     def keys(self) -> tuple[str, ...]:
         return self.manages or ((self.key,) if self.key else ())
@@ -101,8 +103,9 @@ def managed_sbatch_keys(section: type, path: str) -> dict[str, str]:
         setting = f"{path}.{f.name}" if path else f.name
         if flag is not None:
             setting += f" ({flag.name})"
+        advice = dict(declared.advice)
         for key in declared.keys():
-            managed.setdefault(key, setting)
+            managed.setdefault(key, f"{setting} {advice[key]}" if key in advice else setting)
     return managed
 
 

@@ -45,3 +45,12 @@ def test_the_real_lists_are_what_the_fields_declare():
     assert FLAG_KEYS == {flag.name.lstrip("-").replace("-", "_"): key
                          for key, _f, flag in [*cli_flags(SlurmConfig, "slurm"), *cli_flags(JobSpec)]}
     assert FLAG_KEYS["gpus"] == "slurm.gpus_per_node" and FLAG_KEYS["pack"] == "slurm.pack"
+
+
+def test_a_refused_extra_sbatch_key_names_everything_that_sets_it():
+    # The advice a field declares for one of its keys (the review of issue 25 found the derived messages had lost it).
+    from hpc_train.config.validate import MANAGED_SBATCH_KEYS
+
+    assert MANAGED_SBATCH_KEYS["gres"] == "slurm.gpus_per_node (--gpus) with slurm.gpu_flag=gres and slurm.gres_name"
+    assert MANAGED_SBATCH_KEYS["signal"] == "slurm.signal and slurm.signal_delay_s"
+    assert MANAGED_SBATCH_KEYS["gpus"] == "slurm.gpus_per_node (--gpus)"
