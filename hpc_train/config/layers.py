@@ -220,7 +220,7 @@ _Dumper.add_representer(str, _represent_text)
 
 
 def dump_yaml(spec: JobSpec) -> str:
-    """The resolved job as YAML (what the plain sbatch script carries in its heredoc; reading it back gives
+    """The resolved job as YAML (what the plain sbatch script carries in HT_JOB_YAML; reading it back gives
     the same job, since every text value is read as written)."""
     return yaml.dump(spec.to_dict(), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
 

@@ -27,7 +27,7 @@ def test_text_fields_get_the_text_as_written(tmp_path):
     assert spec.name == "010" and spec.slurm.partition == "0x10" and spec.slurm.qos == "on"
     assert dict(spec.slurm.env) == {"OCT": "010", "HEX": "0x10", "ON": "on", "BIG": "1_000", "TIME": "1:30:00",
                                     "YES": "Yes", "FLOAT": "1.50", "Q": "007"}
-    # What the ranks read back from the script's heredoc is the same job.
+    # What the ranks read back from the script's HT_JOB_YAML is the same job.
     assert config.spec_from_yaml_text(config.dump_yaml(spec), "round trip") == spec
 
 
