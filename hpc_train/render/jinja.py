@@ -76,8 +76,10 @@ class _QuietCache(jinja2.FileSystemBytecodeCache):
         except OSError:
             pass
 
-    def prune(self, keep: int = MAX_CACHE_ENTRIES) -> None:
-        """Remove all but the ``keep`` most recently written entries (and any temporary file a killed write left)."""
+    def prune(self, keep: int | None = None) -> None:
+        """Remove all but the ``keep`` (:data:`MAX_CACHE_ENTRIES`) most recently written entries, and any temporary
+        file a killed write left behind."""
+        keep = MAX_CACHE_ENTRIES if keep is None else keep
         written: list[tuple[float, str]] = []
         with os.scandir(self.directory) as entries:
             for entry in entries:
