@@ -66,7 +66,7 @@ class _QuietCache(jinja2.FileSystemBytecodeCache):
     def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
         try:
             super().load_bytecode(bucket)
-        except (OSError, ValueError, EOFError):
+        except Exception:  # unreadable, or damaged where Jinja unpickles its checksum (pickle raises many kinds)
             bucket.reset()
 
     def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
