@@ -48,8 +48,9 @@ def test_only_text_ints_and_lists_are_variables(value):
         assignment("HT_X", value)
 
 
-def test_a_variable_is_read_only(tmp_path):
-    result = subprocess.run(["bash", "-c", assignment("HT_NAME", "x") + "\nHT_NAME=y"], cwd=tmp_path,
+@pytest.mark.parametrize("value, change", [("x", "HT_V=y"), (["x"], "HT_V+=(y)")])
+def test_a_variable_is_read_only(tmp_path, value, change):
+    result = subprocess.run(["bash", "-c", assignment("HT_V", value) + "\n" + change], cwd=tmp_path,
                             capture_output=True, text=True)
     assert result.returncode != 0 and "readonly" in result.stderr
 
