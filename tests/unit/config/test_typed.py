@@ -52,7 +52,8 @@ def test_scalars_are_read_by_the_field_type():
 @pytest.mark.parametrize("key, value, says", [
     ("limit", quoted("12"), "limit: must be"),              # a quoted number is text, not an int
     ("enabled", plain("maybe"), "enabled: must be true or false"),
-    ("limit", plain("1" * 13), "out of range"),              # never int() of thousands of digits
+    ("limit", plain("1" * 13), "out of range"),
+    ("limit", plain("1" * 5000), r"1{20}\.\.\. is out of range"),  # never int() of thousands of digits
     ("inner", plain("3"), "inner: must be"),                 # a section given a single value
 ])
 def test_a_bad_scalar_names_its_key(key, value, says):
@@ -106,6 +107,8 @@ def test_unknown_keys_are_refused_with_the_valid_ones():
         build(Outer, {"inner": {"dpth": plain("1")}})
     with pytest.raises(ConfigError, match=r"^job\.yaml: unknown key 'nme'; valid keys at the top level: name,"):
         check_keys({"nme": plain("x")}, Outer, "job.yaml")
+    with pytest.raises(ConfigError, match=r"^job\.yaml: unknown key 'inner\.dpth'; valid keys under 'inner'"):
+        check_keys({"inner": {"dpth": plain("2")}}, Outer, "job.yaml")
     check_keys({"inner": {"depth": plain("2")}}, Outer, "job.yaml")  # known keys pass
 
 
