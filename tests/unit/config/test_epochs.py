@@ -1,6 +1,7 @@
 """``--epochs N``: the rescaling rule by hand, and through render and submit (torch-free)."""
 
 import math
+import shlex
 from pathlib import Path
 
 import pytest
@@ -61,8 +62,10 @@ def test_render_and_submit_take_epochs_and_say_what_changed():
     assert result.exit_code == 0, result.output
     assert ("--epochs 3: train.epochs 200 -> 3, train.schedule.warmup_epochs 5 -> 1, train.schedule.milestones "
             "[160, 180] -> [2, 2], train.loss.drw_epoch 160 -> 2") in result.stderr
-    heredoc = result.stdout.split("<<'HPC_TRAIN_JOB_")[1].split("\n", 1)[1]
-    train = yaml.safe_load(heredoc.rsplit("\nHPC_TRAIN_JOB_", 1)[0])["train"]  # what the ranks will run
+    # The resolved job is one shell word in the preamble (hpc_train/render/variables.py): what the ranks will run.
+    word = shlex.shlex(result.stdout.split("\nreadonly HT_JOB_YAML=", 1)[1], posix=True)
+    word.whitespace_split = True
+    train = yaml.safe_load(word.get_token())["train"]
     assert (train["epochs"], train["schedule"]["milestones"], train["loss"]["drw_epoch"]) == (3, [2, 2], 2)
     local = runner.invoke(cli, ["submit", "--cluster", "local", "--dry-run", "--epochs", "2"])
     assert local.exit_code == 0 and "--epochs 2: train.epochs 30 -> 2" in local.stderr
