@@ -1,5 +1,6 @@
 """Shared test setup: the session-wide local Slurm cluster fixture (tests/cluster/fixtures.py), a run
-index of the test's own (never the user's ~/.local/state), and an environment free of the machine's site
+index of the test's own (never the user's ~/.local/state), a compile cache of the session's own (never the
+user's ~/.cache), and an environment free of the machine's site
 file and of launcher variables, for suites that run the trainer."""
 
 import importlib.util
@@ -39,6 +40,19 @@ def isolated_launch_env(tmp_path, monkeypatch):
 def own_run_index(tmp_path_factory, monkeypatch):
     """Every test records submitted runs in an index of its own (hpc_train.runs.index)."""
     monkeypatch.setenv("HPC_TRAIN_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_cache_home(tmp_path_factory):
+    """The session's own XDG cache (hpc_train.render.jinja keeps compiled templates there), never the user's
+    ~/.cache; set in os.environ, so the subprocesses a test starts (hpc-train, sbatch scripts) inherit it."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
 
 
 STUB_TOOL = """#!/bin/bash
@@ -95,7 +109,8 @@ class StubSlurm:
         from pathlib import Path
 
         path = f"{self.bin}:{Path(sys.executable).parent}:{self.core}"
-        keep = {k: v for k, v in os.environ.items() if k in ("HOME", "HPC_TRAIN_STATE_DIR", "LANG", "PYTHONPATH")}
+        keep = {k: v for k, v in os.environ.items() if k in ("HOME", "HPC_TRAIN_STATE_DIR", "LANG", "PYTHONPATH",
+                                                                  "XDG_CACHE_HOME")}
         return {**keep, "PATH": path, "STUB_SLURM": str(self.state), **extra}
 
 

@@ -7,8 +7,10 @@ failed jobs, no traceback. torch and submitit are imported inside the commands t
 import time.
 
 The group is :mod:`.group`'s; the commands, by theme, add themselves to it: :mod:`.job_commands` (render,
-submit, simulate, train), :mod:`.run_commands` (status, logs, cancel), :mod:`.asset_commands` (templates,
-jobs, provision); :mod:`.options` holds the options they share. :func:`main` is the console script.
+submit, simulate, train), :mod:`.run_commands` (status, logs, cancel, report, env), :mod:`.asset_commands`
+(templates, jobs, provision), each module imported when one of its commands is asked for
+(:data:`.group.COMMAND_MODULES`: ``hpc-train render`` imports no run or asset command); :mod:`.options` holds the
+options they share. :func:`main` is the console script.
 """
 
 from __future__ import annotations
@@ -17,9 +19,6 @@ import sys
 
 import click
 
-# The command modules register their commands on the group when imported; main() and `from hpc_train.cli
-# import cli` need them all.
-from . import asset_commands, job_commands, run_commands  # noqa: F401
 from .group import CONTEXT, Group, cli
 
 __all__ = ["CONTEXT", "Group", "cli", "main"]

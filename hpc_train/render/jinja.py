@@ -51,21 +51,49 @@ def cache_dir() -> Path | None:
     return directory if os.access(directory, os.W_OK | os.X_OK) else None
 
 
+MAX_CACHE_ENTRIES = 200
+"""Compiled templates kept at most: the shipped ones are 14, and every site template folder adds its own entries
+(each entry is keyed by the template's file, so a temporary folder's never come back); after each write, the
+oldest written beyond this many are removed, so the cache stays bounded (a removed entry is only compiled again)."""
+
+
 class _QuietCache(jinja2.FileSystemBytecodeCache):
     """Jinja's file cache (keyed by the template's name and file, checked against its source's checksum: an edited
-    site template is compiled again), where a failure to read or write is a cache miss, never an error."""
+    site template is compiled again), where a failure to read or write is a cache miss, never an error, and which
+    prunes itself to :data:`MAX_CACHE_ENTRIES` whenever it writes (a write is a cache miss: rare, never the hot
+    path of a render that finds its templates compiled)."""
 
     def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
         try:
             super().load_bytecode(bucket)
-        except (OSError, ValueError, EOFError):
+        except Exception:  # unreadable, or damaged where Jinja unpickles its checksum (pickle raises many kinds)
             bucket.reset()
 
     def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
         try:
             super().dump_bytecode(bucket)
+            self.prune()
         except OSError:
             pass
+
+    def prune(self, keep: int | None = None) -> None:
+        """Remove all but the ``keep`` (:data:`MAX_CACHE_ENTRIES`) most recently written entries, and any temporary
+        file a killed write left behind."""
+        keep = MAX_CACHE_ENTRIES if keep is None else keep
+        written: list[tuple[float, str]] = []
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if entry.name.startswith("__jinja2_"):  # Jinja's own names, ours alone in this folder
+                    try:
+                        written.append((entry.stat().st_mtime, entry.path))
+                    except OSError:
+                        continue  # removed meanwhile by another process's prune
+        written.sort(reverse=True)
+        for _mtime, path in written[keep:]:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
 
 
 # The names of the filters site templates used before every job value became a variable: still registered, so an

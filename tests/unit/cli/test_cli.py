@@ -12,7 +12,9 @@ from tests.cli_helpers import assert_refused, cli as run
 def _command_tree(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], bool]]:
     """Every command under ``group`` as (its words, whether it is a sub-command of a group other than the top)."""
     found = [(path, False)] if not path else []
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # as the group hands them out: its command modules load on demand
+        command = group.get_command(ctx, name)
         found.append(((*path, name), bool(path)))
         if isinstance(command, click.Group):
             found += [(words, True) for words, _ in _command_tree(command, (*path, name))]

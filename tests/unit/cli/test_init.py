@@ -1,5 +1,6 @@
-"""hpc_train/cli/__init__.py: the console script (``hpc_train.cli:main``) and the wiring: importing the
-package registers every command module's commands on the group, and ``from hpc_train.cli import cli`` is it."""
+"""hpc_train/cli/__init__.py: the console script (``hpc_train.cli:main``) and the wiring: the group lists every
+command module's commands, imports a module when one of its commands is asked for (group.COMMAND_MODULES), and
+``from hpc_train.cli import cli`` is it."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ COMMAND_MODULES = ("asset_commands", "job_commands", "run_commands")
 
 
 def _reachable(command: click.Command) -> list[click.Command]:
+    """The command and every command under it, as the group hands them out (importing their modules)."""
     found = [command]
-    for sub in getattr(command, "commands", {}).values():
-        found += _reachable(sub)
+    if isinstance(command, click.Group):
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            found += _reachable(command.get_command(ctx, name))
     return found
 
 
@@ -44,13 +48,26 @@ def test_every_command_on_the_group_comes_from_a_command_module():
     assert modules == {f"hpc_train.cli.{name}" for name in COMMAND_MODULES}
 
 
-def test_importing_the_package_alone_registers_every_command_module():
-    # In a fresh interpreter: here the tests above have imported every command module themselves.
-    code = ("import hpc_train.cli as c\n"
-            "def walk(cmd): return [cmd] + [x for sub in getattr(cmd, 'commands', {}).values() for x in walk(sub)]\n"
-            "print(' '.join(sorted({x.callback.__module__ for x in walk(c.cli)[1:]})))")
+def test_the_lazy_map_names_every_command_where_it_is_defined():
+    defined = {c.name: c.callback.__module__ for c in _reachable(cli)[1:] if c.name in cli.commands}
+    assert defined == {name: f"hpc_train.cli.{module}" for name, module in group_module.COMMAND_MODULES.items()}
+
+
+def test_a_command_imports_only_its_own_module():
+    # In a fresh interpreter (here the tests above have imported every command module): `render` needs
+    # job_commands alone; `--help` lists every command, which imports them all.
+    code = ("import sys, hpc_train.cli as c\n"
+            "mods = lambda: [m for m in sorted(sys.modules) if m.endswith('_commands')]\n"
+            "print(mods())\n"
+            "c.cli.get_command(None, 'render'); print(mods())\n"
+            "from click.testing import CliRunner\n"
+            "out = CliRunner().invoke(c.cli, ['--help']).output; print(mods())\n"
+            "print(' '.join(sorted(name for name in c.group.COMMAND_MODULES if f'  {name} ' in out)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == [f"hpc_train.cli.{name}" for name in COMMAND_MODULES]
+    lines = out.splitlines()
+    assert lines[:3] == ["[]", "['hpc_train.cli.job_commands']",
+                         str([f"hpc_train.cli.{name}" for name in COMMAND_MODULES])]
+    assert lines[3].split() == sorted(group_module.COMMAND_MODULES)
 
 
 def test_main_exits_with_the_commands_code(capsys):
