@@ -11,6 +11,7 @@ variable to read instead. Nothing here reads shell: the value is refused before 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import sys
@@ -19,6 +20,7 @@ from typing import Any, Sequence
 
 import jinja2
 
+from .. import __version__
 from ..errors import TemplateError
 from ..resources import templates_dir
 
@@ -101,17 +103,22 @@ class _QuietCache(jinja2.FileSystemBytecodeCache):
 LEGACY_FILTERS = ("shquote", "sbatch", "sbatch_flag", "comment")
 
 
+# How templates are compiled. Jinja keys a cache entry by the template's name, file and source alone, yet the code it
+# compiles depends on these (with ``finalize`` set, every {{ }} calls it: the rule lives in the compiled code); so the
+# entry's file name also carries these options and both versions, and code compiled otherwise is never loaded.
+_COMPILE_OPTIONS = dict(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+_COMPILE_KEY = hashlib.sha256(repr((sorted(_COMPILE_OPTIONS.items()), "finalize", "StrictUndefined",
+                                    jinja2.__version__, __version__)).encode()).hexdigest()[:12]
+
+
 @functools.lru_cache(maxsize=8)
 def _environment(dirs: tuple[str, ...], cache: str | None) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(list(dirs)),
         undefined=jinja2.StrictUndefined,  # a missing variable is an error, never an empty string
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
         finalize=_finalize,  # the module docstring's rule
-        bytecode_cache=_QuietCache(cache) if cache else None,
+        bytecode_cache=_QuietCache(cache, pattern=f"__jinja2_{_COMPILE_KEY}_%s.cache") if cache else None,
+        **_COMPILE_OPTIONS,
     )
     env.filters.update({name: str for name in LEGACY_FILTERS})
     return env

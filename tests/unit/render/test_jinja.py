@@ -146,6 +146,19 @@ def test_compiled_templates_are_kept_and_used(cache_home, monkeypatch):
     assert compiles.names == ["default.sbatch.j2"]  # no second compile: read from the cache
 
 
+def test_code_compiled_without_the_rule_is_never_loaded(tmp_path, cache_home, monkeypatch):
+    # Review of issue 25: the rule lives in the compiled code (finalize), and Jinja keys its cache by the template's
+    # name, file and source alone; an entry another Environment (no finalize: an older hpc-train) wrote under that
+    # key must not be read, or {{ job.name }} would print unchecked.
+    site_template(tmp_path / "site", "{{ name }}\n")
+    directory = cache_dir()
+    unchecked = jinja2.Environment(loader=jinja2.FileSystemLoader([str(tmp_path / "site")]),
+                                   bytecode_cache=jinja2.FileSystemBytecodeCache(str(directory)))
+    assert unchecked.get_template("t.sbatch.j2").render(name="$(touch x)") == "$(touch x)"  # written to the cache
+    with pytest.raises(JobValuePrinted):
+        load_template("t.sbatch.j2", [tmp_path / "site"]).render(name="$(touch x)")
+
+
 @pytest.mark.parametrize("new_process", [False, True])
 def test_an_edited_site_template_is_compiled_again(tmp_path, cache_home, monkeypatch, new_process):
     path = site_template(tmp_path / "site", "# version 1\n", "default.sbatch.j2")
