@@ -15,6 +15,7 @@ options they share. :func:`main` is the console script.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import click
@@ -27,6 +28,11 @@ __all__ = ["CONTEXT", "Group", "cli", "main"]
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: click's own handling, but usage errors in two lines (what is wrong, where
     to look) instead of click's four."""
+    # Start-up is imports: objects that live until exit, which Python's cyclic collector would walk every few hundred
+    # allocations while they load, and once more at exit, freeing nothing. It waits until the command is chosen
+    # (Group.resolve_command freezes what start-up made and turns it back on), and what is left at exit is frozen
+    # too: a fifth of `hpc-train render` on a login node (BENCHMARKS.md, CLI start-up).
+    gc.disable()
     try:
         code = cli.main(args=argv, prog_name="hpc-train", standalone_mode=False)
     except click.UsageError as exc:
@@ -40,4 +46,6 @@ def main(argv: list[str] | None = None) -> None:
     except click.Abort:
         click.echo("Aborted!", err=True)
         sys.exit(1)
+    finally:
+        gc.freeze()  # nothing the command made is freed by the last collection at exit: it ends with the process
     sys.exit(code if isinstance(code, int) else 0)

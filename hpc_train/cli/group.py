@@ -6,6 +6,7 @@ the job commands only, not for the run and asset commands' imports."""
 
 from __future__ import annotations
 
+import gc
 from importlib import import_module
 from typing import Any, Mapping
 
@@ -46,6 +47,15 @@ class Group(click.Group):
         if cmd_name not in self.commands and cmd_name in self.lazy_modules:
             import_module(f"{__package__}.{self.lazy_modules[cmd_name]}")  # registers its commands on this group
         return super().get_command(ctx, cmd_name)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        resolved = super().resolve_command(ctx, args)
+        if not gc.isenabled():
+            # Start-up is over (main() paused the cyclic collector for it): what it made is frozen out of every later
+            # collection, and the command runs with the collector on, however long it runs (submit --wait, train).
+            gc.freeze()
+            gc.enable()
+        return resolved
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -90,3 +90,24 @@ def test_main_refuses_bad_configuration_with_exit_2(capsys, tmp_path):
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.startswith("Error: train.epochs") and len(err.splitlines()) <= 2, err
     assert "Traceback" not in err and not (tmp_path / "x.sbatch").exists()
+
+
+def test_the_collector_waits_out_start_up_and_is_on_while_a_command_runs():
+    # main() pauses Python's cyclic collector while the CLI imports itself and freezes what that made; a command
+    # (submit --wait, train: hours) must run with it on, or cycles it makes would never be freed.
+    code = ("import gc, sys\nfrom hpc_train.cli import cli, main\n"
+            "@cli.command('gc-probe')\ndef gc_probe():\n    print(gc.isenabled(), gc.get_freeze_count() > 0)\n"
+            "sys.argv = ['hpc-train', 'gc-probe']\nmain()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_a_cli_run_inside_another_program_leaves_its_collector_alone():
+    # Tests and tools invoke the group itself: nothing is frozen there (it would keep that program's garbage forever).
+    import gc
+
+    frozen = gc.get_freeze_count()
+    from click.testing import CliRunner
+
+    assert CliRunner().invoke(cli, ["jobs", "list"]).exit_code == 0
+    assert gc.isenabled() and gc.get_freeze_count() <= frozen  # frozen objects may die, none are added
