@@ -119,6 +119,15 @@ def stub_slurm(tmp_path_factory):
     return StubSlurm(tmp_path_factory.mktemp("stub"))
 
 
+@pytest.fixture
+def on_stub_path(stub_slurm, monkeypatch):
+    """The stand-in Slurm tools first on this process's PATH (for code that runs them itself, not in a child)."""
+    env = stub_slurm.env()
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.setenv("STUB_SLURM", env["STUB_SLURM"])
+    return stub_slurm
+
+
 @pytest.fixture(scope="module")
 def stub_slurm_module(tmp_path_factory):
     return StubSlurm(tmp_path_factory.mktemp("stub"))

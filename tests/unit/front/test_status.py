@@ -26,14 +26,6 @@ def make_run(group: Path, run_id: str, cluster: str, *events: dict) -> Path:
 RUNNING = {"event": "running", "instance": "slurm:41.0"}
 
 
-@pytest.fixture
-def on_stub_path(stub_slurm, monkeypatch):
-    env = stub_slurm.env()
-    monkeypatch.setenv("PATH", env["PATH"])
-    monkeypatch.setenv("STUB_SLURM", env["STUB_SLURM"])
-    return stub_slurm
-
-
 def test_slurm_is_asked_once_for_every_slurm_run_and_never_for_a_local_one(tmp_path, on_stub_path):
     on_stub_path.answer("squeue", "41|RUNNING|None|1:00|gpu01\n")
     on_stub_path.answer("sacct", "42|TIMEOUT|0:15|2:00:00|gpu02|None\n")

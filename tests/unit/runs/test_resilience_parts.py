@@ -110,14 +110,6 @@ def test_gpu_hours_count_every_launch_of_a_run_requeued_ones_included():
     assert gpus_of({"slurm.nodes": 1, "slurm.gpus_per_node": 1, "slurm.pack": 2}) == 0.5  # two runs share one GPU
 
 
-@pytest.fixture
-def on_stub_path(stub_slurm, monkeypatch):
-    env = stub_slurm.env()
-    monkeypatch.setenv("PATH", env["PATH"])
-    monkeypatch.setenv("STUB_SLURM", env["STUB_SLURM"])
-    return stub_slurm
-
-
 def test_max_array_size_is_read_from_scontrol_show_config(on_stub_path):
     stub_slurm = on_stub_path
     stub_slurm.install("scontrol")
