@@ -109,3 +109,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Leave as a rank of the trainer does (hpc_train.rank.lifecycle.exit_now): torch's gloo threads torn down at
+    # interpreter exit abort a finished process now and then ("terminate called without an active exception").
+    from hpc_train.rank.lifecycle import exit_now
+
+    exit_now(0)
