@@ -23,7 +23,9 @@ def _parameter(flag) -> str:
     return flag.name.lstrip("-").replace("-", "_")
 
 
-FLAG_KEYS = {_parameter(flag): key for key, _field, flag in _declared_flags()}
+DECLARED_FLAGS = _declared_flags()
+"""Read once: every command's options and FLAG_KEYS come from this one list."""
+FLAG_KEYS = {_parameter(flag): key for key, _field, flag in DECLARED_FLAGS}
 """Explicit flags and the job keys they set (the top layer of the configuration), from the fields that declare them."""
 
 
@@ -51,7 +53,7 @@ def _click_option(key: str, field, flag) -> Callable[..., Any]:
 
 
 def _flag_options(group: str) -> dict[str, Callable[..., Any]]:
-    return {_parameter(flag): _click_option(key, field, flag) for key, field, flag in _declared_flags()
+    return {_parameter(flag): _click_option(key, field, flag) for key, field, flag in DECLARED_FLAGS
             if flag.group == group}
 
 

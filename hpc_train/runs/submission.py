@@ -1,7 +1,8 @@
-"""What every submission writes into a run directory and shares, on Slurm or locally: its result, the interpreter
-the ranks run, the code snapshot, run.json and the run's files (undone with :mod:`.undo` when the submission is
+"""What every submission writes into a run directory and shares, on Slurm or locally: its result, the code
+snapshot, run.json and the run's files (undone with :mod:`.undo` when the submission is
 refused: bad input or a refusal leaves nothing behind), and the checks of a ``--resume``. Choosing the cluster
-is the front's (:mod:`hpc_train.front.submit`).
+is the front's (:mod:`hpc_train.front.submit`); the interpreter the ranks run, the render's
+(:func:`hpc_train.render.plain.resolve_python`).
 """
 
 from __future__ import annotations
