@@ -139,7 +139,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
 
     resume_dir = None
     job_file = None
-    if resume:
+    if resume is not None:
         if kwargs.get("job"):
             raise ConfigError("give either JOB or --resume RUN (a resumed run keeps its own job)")
         if kwargs.get("sweeps") or kwargs.get("sweep_file"):

@@ -22,7 +22,8 @@ def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
     RUN is a run name (name/id), a job id, a run directory, or a job name (its latest run). The state
     (queued, running, completed, failed, cancelled, preempted, requeued) is what the run directory
     recorded, checked against squeue and sacct; a failed run says why, and names its first failing
-    rank and host. A sweep (a job name whose latest submission was one, NAME/ID_* as submit prints it, or the
+    rank and host. A RUN that names nothing ('', '/', wildcards only) or fits runs of several jobs is refused
+    with the candidates (exit 2). A sweep (a job name whose latest submission was one, NAME/ID_* as submit prints it, or the
     array id) is one line with its points per state; NAME/ID_K is one point. Accuracy is shown in percent.
     Without Slurm here, Slurm runs that have not ended are `unknown`.
 
@@ -39,7 +40,7 @@ def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
     from ..runs.status_lines import run_line, sweep_line
 
     root = runs_root(runs_dir)
-    if run:
+    if run is not None:
         chosen, is_sweep = sweeps.find(run, root)
         rows = run_statuses(chosen)
         data: object = sweeps.sweep_status(chosen[0], rows).to_dict() if is_sweep else rows[0]
@@ -90,7 +91,8 @@ def logs(run: str, runs_dir: str | None, follow: bool, rank: int | None) -> None
 @runs_dir_option
 def cancel(run: str, runs_dir: str | None) -> None:
     """Cancel a run (scancel on Slurm; a local run's ranks are ended at once), or a whole sweep (every point, and
-    each of its job arrays).
+    each of its job arrays). RUN must name it exactly (run name, job id, run directory, or a job name: its latest
+    run); a RUN that names nothing ('', '/', '_*') or fits runs of several jobs cancels nothing (exit 2).
 
     \b
     Examples:

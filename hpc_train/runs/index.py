@@ -198,9 +198,42 @@ def find_runs(root: Path, cwd: Path | None = None) -> list[Run]:
     return _sorted_runs(_under(root) + _indexed((cwd or Path.cwd()).resolve()))
 
 
+_MEANINGLESS = frozenset("/._-*?[]{}~!^$ \t\n\r\f\v")
+"""Characters a selector made only of names nothing: separators, glob and regex wildcards, blanks. A selector of
+these alone (``''`` from an unset ``"$RUN"``, ``/``, ``_*``) would otherwise match whichever run came last."""
+
+
+def check_selector(ref: str, what: str = "RUN") -> str:
+    """``ref`` as given, when it can name a run; exit 2 when it names nothing (empty, or made only of separators,
+    wildcards or blanks). Selectors never guess: ``cancel ''`` must not cancel the latest run."""
+    if not ref or set(ref) <= _MEANINGLESS:
+        raise ConfigError(f"{what} {ref!r} names no run: give a run name (NAME/ID), a job id, a run directory or a "
+                          "job name")
+    return ref
+
+
+def _candidates(runs: list[Run], limit: int = 8) -> str:
+    """The runs a selector fits, as the user can name each one exactly: its run directory."""
+    names = [str(r.run_dir) for r in runs]
+    shown = ", ".join(names[-limit:])
+    return shown if len(names) <= limit else f"{shown} (and {len(names) - limit} more)"
+
+
+def of_one_job(ref: str, matches: list[Run]) -> list[Run]:
+    """``matches`` when they are all runs of one job (one directory of runs), else exit 2 listing them: a name that
+    fits runs of several jobs is never settled by taking the latest."""
+    groups = {r.run_dir.parent.resolve() for r in matches}
+    if len(groups) > 1:
+        raise ConfigError(f"{ref!r} fits runs of {len(groups)} jobs: {_candidates(matches)}; name one by its run "
+                          "directory")
+    return matches
+
+
 def resolve_run(ref: str, root: Path) -> Run:
     """A run by path, ``name/run id``, job id (``4242``, ``4242_1``) or job name (its latest run), under
-    ``root`` or anywhere in the index."""
+    ``root`` or anywhere in the index. A selector that names nothing, or fits runs of several jobs, is exit 2
+    with the candidates: it never picks one."""
+    check_selector(ref)
     path = Path(ref)
     if is_run_dir(path):
         return load_run(path)
@@ -209,6 +242,6 @@ def resolve_run(ref: str, root: Path) -> Run:
                     lambda r: r.run_dir.parent.name == ref):
         matches = [r for r in runs if matcher(r)]
         if matches:
-            return matches[-1]
+            return of_one_job(ref, matches)[-1]
     known = ", ".join(r.name for r in runs[-5:]) or "none"
     raise ConfigError(f"no run {ref!r} under {root} or in the run index; recent runs: {known}")

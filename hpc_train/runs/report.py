@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
 from . import rundir
-from .index import Run, all_runs, is_run_dir, load_run, order_key
+from .index import Run, of_one_job, all_runs, check_selector, is_run_dir, load_run, order_key
 
 @dataclass(frozen=True)
 class Column:
@@ -206,24 +206,40 @@ def load(run: Run, state: str) -> RunResult:
                      elapsed_s=launch_seconds(rundir.read_events(run.run_dir)), stragglers=stragglers_of_run(run.run_dir))
 
 
+def _ids(run: Run) -> set[str]:
+    """The ids a run answers to: its job id, directory name, and its array's or sweep's id where it has one (a
+    missing one is no id: ``report None`` must not select every run without an array)."""
+    ids = {run.job_id, run.run_dir.name, run.record.get("array_job_id"), run.record.get("sweep_id")}
+    return {str(i) for i in ids if i not in (None, "")}
+
+
+def _named(ref: str, runs: Sequence[Run]) -> list[Run]:
+    """The runs ``ref`` names among ``runs``: a run name, else ``[name/]id`` (a job id or array id: runs of one job
+    only, exit 2 when it fits several), else a job name (all its runs)."""
+    name, _, ident = ref.rpartition("/")
+    by_name = [r for r in runs if r.name == ref]
+    if by_name:
+        return of_one_job(ref, by_name)
+    by_id = [r for r in runs if (not name or r.run_dir.parent.name == name) and ident in _ids(r)]
+    if by_id:
+        return of_one_job(ref, by_id)
+    return [r for r in runs if r.run_dir.parent.name == ref]
+
+
 def select(refs: Sequence[str], root: Path) -> list[Run]:
     """The runs ``refs`` name: a run directory or a job's directory of runs, a run name (``name/id``), a job id
     or array job id (every task), ``name/<array id>`` (that array's runs), or a job name (all its runs)."""
     runs = all_runs(root)
     chosen: dict[Path, Run] = {}
     for ref in refs:
+        check_selector(ref)
         path = Path(ref)
         if is_run_dir(path):
             found = [load_run(path.resolve())]
         elif path.is_dir() and any((d / rundir.JOB_YAML).is_file() for d in path.iterdir() if d.is_dir()):
             found = [load_run(d.resolve()) for d in sorted(path.iterdir()) if (d / rundir.JOB_YAML).is_file()]
         else:
-            name, _, ident = ref.rpartition("/")
-            found = [r for r in runs if r.name == ref] or [
-                r for r in runs if (not name or r.run_dir.parent.name == name)
-                and ident in (r.job_id, r.run_dir.name, str(r.record.get("array_job_id")),
-                              str(r.record.get("sweep_id")))] or [
-                r for r in runs if r.run_dir.parent.name == ref]
+            found = _named(ref, runs)
         if not found:
             raise ConfigError(f"no runs for {ref!r} under {root} or in the run index (a run, job id, array id or "
                               "job name)")

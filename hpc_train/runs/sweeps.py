@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from . import rundir
-from .index import Run, all_runs, resolve_run
+from .index import Run, of_one_job, all_runs, check_selector, resolve_run
 
 _POINT = re.compile(r"(?P<prefix>.+)_(?P<point>\d+)\Z")
 
@@ -44,13 +44,15 @@ def find(ref: str, root: Any) -> tuple[list[Run], bool]:
     """What ``status REF`` shows, and whether it is a sweep: a sweep's points (``NAME``, whose latest run is a
     point; ``NAME/<id>_*``; an array id ``<id>`` or ``NAME/<id>``), or the one run ``REF`` names
     (``NAME/<id>_<k>`` is one point)."""
+    check_selector(ref)
     runs = all_runs(root)
     name, _, ident = ref.rpartition("/")
     prefix = ident[:-2] if ident.endswith("_*") else ident
-    swept = [r for r in runs if (point_of(r) or ("",))[0] == prefix and (not name or r.run_dir.parent.name == name)]
+    swept = [r for r in runs if prefix and (found := point_of(r)) is not None and found[0] == prefix
+             and (not name or r.run_dir.parent.name == name)]
     exact = [r for r in runs if r.name == ref or r.run_dir.name == ref]
     if swept and not exact:
-        return points(swept[-1], runs), True
+        return points(of_one_job(ref, swept)[-1], runs), True
     run = resolve_run(ref, root)
     if ref == run.run_dir.parent.name and point_of(run):  # a job name: its latest submission, a whole sweep
         return points(run, runs), True
