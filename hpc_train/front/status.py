@@ -5,10 +5,11 @@ run needs no scheduler: its run directory and its runner's process say it all.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 from ..errors import ConfigError
-from ..runs import rundir
+from ..runs import rundir, safe_files
 from ..runs import status as folded
 from ..runs.index import Run
 from ..runs.scheduler_job import SchedulerJob
@@ -51,6 +52,17 @@ def is_over(run: Run) -> bool:
     return run_state(run)[0] in rundir.FINAL_STATES | {"unknown"}
 
 
+def _check_recordable(run: Run) -> None:
+    """Before a job is cancelled: the cancel can be recorded (a read-only runs directory, a state log that is not a
+    regular file), else exit 2 with the reason: a cancel nobody can see in ``status`` is not done half-way."""
+    path = run.run_dir / rundir.STATE_LOG
+    try:
+        os.close(safe_files.open_append(path, within=run.run_dir))
+    except OSError as exc:
+        raise ConfigError(f"cannot record the cancel of {run.name} in {path} ({exc.strerror or exc}); nothing "
+                          "was cancelled") from None
+
+
 def _record_cancelled(run: Run) -> None:
     # The local runner ends the ranks when it sees this line; on Slurm it says who cancelled, which sacct cannot.
     rundir.append_event(run.run_dir, rundir.CANCELLED, writer="hpc-train cancel", reason="cancelled by the user")
@@ -59,6 +71,8 @@ def _record_cancelled(run: Run) -> None:
 def cancel_sweep(runs: Sequence[Run]) -> str:
     """Cancel every point of a sweep: each of its job arrays once (scancel), each point not ended recorded."""
     live = [r for r, state in zip(runs, run_states(runs)) if state not in rundir.FINAL_STATES]
+    for run in live:
+        _check_recordable(run)
     arrays = list(dict.fromkeys(i for r in live if r.cluster != "local" for i in (array_ids(r) or [r.job_id])))
     for array in arrays:
         slurm_cli.cancel(array)
@@ -75,9 +89,11 @@ def cancel_run(run: Run) -> str:
     if run.unreadable:
         raise ConfigError(f"{run.name}: {run.unreadable}, so which job to cancel cannot be told; cancel it with "
                           "scancel JOB_ID (or, for a local run, end its launcher)")
+    rundir.read_state(run.run_dir)  # a state log that is a symlink, FIFO or wrong: exit 2 before anything is done
     state = run_state(run)[0]
     if state in rundir.FINAL_STATES:
         return f"{run.name} has already ended ({state}); nothing to cancel"
+    _check_recordable(run)
     if run.cluster != "local":
         slurm_cli.cancel(run.job_id)
     _record_cancelled(run)

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import rundir
+from . import rundir, safe_files
 
 EXCLUDED_NODES = "excluded_nodes.json"
 
@@ -17,8 +17,8 @@ EXCLUDED_NODES = "excluded_nodes.json"
 def excluded(run_dir: Path) -> list[dict[str, Any]]:
     """The run's excluded nodes, oldest first: ``{"node", "reason", "job_id", "restart", "time"}`` each."""
     try:
-        data = json.loads((run_dir / EXCLUDED_NODES).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = safe_files.read_json(run_dir / EXCLUDED_NODES)
+    except (OSError, ValueError, safe_files.RunFileError):
         return []
     return [e for e in data.get("nodes", []) if isinstance(e, dict) and e.get("node")] if isinstance(data, dict) else []
 

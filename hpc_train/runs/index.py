@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from ..errors import ConfigError
-from . import rundir
+from . import rundir, safe_files
 
 STATE_DIR_ENV = "HPC_TRAIN_STATE_DIR"
 _DIGITS = re.compile(r"(\d+)")  # a run name's numbers, compared as numbers (order_key)
@@ -81,7 +81,7 @@ def check_writable() -> None:
         fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path.parent)
         os.close(fd)
         os.unlink(probe)
-        if path.exists() and not (path.is_file() and os.access(path, os.W_OK)):
+        if os.path.lexists(path) and (path.is_symlink() or not (path.is_file() and os.access(path, os.W_OK))):
             raise OSError(0, "not a writable file")
     except OSError as exc:
         raise ConfigError(f"cannot record runs in {path} ({exc.strerror or exc}); set ${STATE_DIR_ENV} to a "
@@ -103,21 +103,22 @@ def register(run_dirs: list[Path], submit_dir: Path, prune_at_bytes: int = PRUNE
         path.parent.mkdir(parents=True, exist_ok=True)
         # One lock for appending and pruning: a prune replaces the file, and a line appended meanwhile to
         # the replaced one would be lost. Readers need none (the replacement is a rename).
-        with open(path.with_name(path.name + ".lock"), "a") as lock:
+        lock = safe_files.open_append(path.with_name(path.name + ".lock"))
+        try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            with open(path, "a", encoding="utf-8") as handle:
-                handle.write(lines)
-                size = handle.tell()
-            if size > prune_at_bytes:
+            safe_files.append_bytes(path, lines.encode("utf-8"))  # never through a symlink planted as the index
+            if path.stat().st_size > prune_at_bytes:
                 _prune(path)
-    except OSError as exc:
-        return f"could not record the run in {path} ({exc.strerror or exc}); find it with --runs-dir"
+        finally:
+            os.close(lock)
+    except (OSError, safe_files.RunFileError) as exc:
+        return f"could not record the run in {path} ({getattr(exc, 'strerror', None) or exc}); find it with --runs-dir"
     return None
 
 
 def _prune(path: Path) -> None:
     """Keep the lines of runs whose directory still exists (deleted runs are never found again anyway)."""
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = safe_files.read_text(path, safe_files.LOG_MAX_BYTES, errors="replace")
     rundir.write_text_atomic(path, "".join(line + "\n" for line, entry in _entries(text)
                                            if is_run_dir(Path(entry["run_dir"]))))
 
@@ -135,7 +136,7 @@ def _entries(text: str) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def _indexed(submit_dir: Path | None = None) -> list[Path]:
     try:
-        text = index_path().read_text(encoding="utf-8", errors="replace")
+        text = safe_files.read_text(index_path(), safe_files.LOG_MAX_BYTES, errors="replace")
     except OSError:
         return []
     found: dict[str, None] = {}
@@ -153,15 +154,41 @@ def load_run(run_dir: Path) -> Run:
     """The run of ``run_dir``; one whose run.json cannot be read is still listed, as unreadable (never taken
     for a plain ``sbatch``, whose job id the directory name would be: ``cancel`` would scancel that)."""
     path = run_dir / rundir.RUN_JSON
-    if not path.exists():  # a plain `sbatch` of a rendered script: the directory layout says it all
+    if not os.path.lexists(path):  # a plain `sbatch` of a rendered script: the directory layout says it all
         return Run(run_dir, {"job_id": run_dir.name, "cluster": "slurm", "logs": rundir.own_logs(run_dir)})
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = safe_files.read_json(path)  # a regular file of bounded size: never a FIFO's hang
+    except safe_files.RunFileError as exc:
+        return Run(run_dir, {}, unreadable=f"{rundir.RUN_JSON} unreadable ({exc})")
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return Run(run_dir, {}, unreadable=f"{rundir.RUN_JSON} unreadable ({exc.__class__.__name__})")
     if not isinstance(record, dict) or not record:
         return Run(run_dir, {}, unreadable=f"{rundir.RUN_JSON} unreadable (not a run record)")
+    wrong = _wrong_types(record)
+    if wrong:
+        return Run(run_dir, {}, unreadable=f"{rundir.RUN_JSON} unreadable ({wrong})")
     return Run(run_dir=run_dir, record=record)
+
+
+_RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "job_id": (str, int), "cluster": (str,), "submitted_at": (str,), "world_size": (int,), "launcher_pid": (int,),
+    "array_job_id": (str, int), "sweep_id": (str, int), "array_job_ids": (list,), "logs": (dict,), "pack": (int,)}
+"""The run record's fields that status, logs, cancel and report read, and the types they read them as."""
+
+
+def _wrong_types(record: Mapping[str, Any]) -> str:
+    """What in a run record has a type the readers do not expect ("" when nothing): such a run is listed as
+    ``unknown`` with this reason, never a traceback for everyone's ``status``."""
+    for key, types in _RECORD_TYPES.items():
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            return f"{key} is {type(value).__name__}, not {'/'.join(t.__name__ for t in types)}"
+    logs = record.get("logs") or {}
+    if not all(isinstance(v, str) for v in logs.values()):
+        return "logs holds a value that is not a path"
+    if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in record.get("array_job_ids") or []):
+        return "array_job_ids holds a value that is not a job id"
+    return ""
 
 
 def _under(root: Path) -> list[Path]:

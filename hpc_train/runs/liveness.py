@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from . import rundir
+from . import rundir, safe_files
 
 RUNNER_MODULE = "hpc_train.local"
 """The local runner a local run's ``launcher_pid`` runs (``python -m hpc_train.local PLAN``)."""
@@ -109,8 +109,8 @@ def read_beats(run_dir: Path, instance: str | None = None) -> dict[int, Beat]:
     found: dict[int, Beat] = {}
     for path in sorted((Path(run_dir) / rundir.RANKS_DIR).glob(PROGRESS_GLOB)):
         try:
-            beat = _beat(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
+            beat = _beat(safe_files.read_json(path))
+        except (OSError, ValueError, safe_files.RunFileError):
             continue  # being replaced right now: the next look reads it
         if beat is not None and (instance is None or beat.instance == instance):
             found[beat.rank] = beat

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
-from . import rundir
+from . import rundir, safe_files
 from .index import Run, of_one_job, all_runs, check_selector, is_run_dir, load_run, order_key
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def evaluations(run_dir: Path) -> list[dict[str, Any]]:
     """The run's evaluation records of training (main and cRT), one per (phase, epoch): a requeued run that
     evaluated an epoch again keeps the later record."""
     try:
-        lines = (run_dir / rundir.METRICS).read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = safe_files.read_text(run_dir / rundir.METRICS, safe_files.LOG_MAX_BYTES, "replace").splitlines()
     except OSError:
         return []
     found: dict[tuple[str, int], dict[str, Any]] = {}
@@ -148,9 +148,30 @@ def evaluations(run_dir: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue  # a line being written
         if isinstance(record, dict) and record.get("phase") in ("main", "crt") and "epoch" in record:
+            _check_evaluation(record)
             found.pop((record["phase"], record["epoch"]), None)
             found[(record["phase"], record["epoch"])] = record
     return sorted(found.values(), key=lambda r: (r.get("global_step", 0), r["epoch"]))
+
+
+_NUMBERS = ("epoch", "global_step", "top1", "balanced", "many", "medium", "few", "ece")
+
+
+def _check_evaluation(record: Mapping[str, Any]) -> None:
+    """An evaluation line's figures are numbers (a planted ``"top1": "x"`` makes the run's report row say so,
+    never a traceback)."""
+    for key in _NUMBERS:
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise safe_files.RunFileError(f"{run_file(record)}: {key} is {type(value).__name__}, not a number")
+    if record.get("val") is not None and not (isinstance(record["val"], Mapping) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in record["val"].items()
+            if k in _NUMBERS and v is not None)):
+        raise safe_files.RunFileError(f"{run_file(record)}: val holds a value that is not a number")
+
+
+def run_file(record: Mapping[str, Any]) -> str:
+    return f"{rundir.METRICS} (epoch {record.get('epoch')!r:.20})"
 
 
 def _first_best(records: Sequence[Mapping[str, Any]], score: Callable[[Mapping[str, Any]], float]) -> dict | None:
@@ -182,19 +203,19 @@ def _config(run_dir: Path) -> dict[str, Any]:
             try:
                 from ..config import spec_from_yaml_text
 
-                return spec_from_yaml_text(path.read_text(encoding="utf-8"), str(path)).to_dict()
+                return spec_from_yaml_text(safe_files.read_text(path), str(path)).to_dict()
             except Exception:  # noqa: BLE001 - an old or foreign run: take its JSON as it is
                 try:
-                    return json.loads(path.read_text(encoding="utf-8"))
-                except (OSError, ValueError):
+                    return safe_files.read_json(path)
+                except (OSError, ValueError, safe_files.RunFileError):
                     continue
     return {}
 
 
 def _train_counts(run_dir: Path) -> list[int]:
     try:
-        return [int(c) for c in json.loads((run_dir / "class_counts.json").read_text())["train_counts"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        return [int(c) for c in safe_files.read_json(run_dir / "class_counts.json")["train_counts"]]
+    except (OSError, ValueError, KeyError, TypeError, safe_files.RunFileError):
         return []
 
 

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from . import safe_files
+
 # File names -----------------------------------------------------------------------------------------
 RUN_JSON = "run.json"
 CONFIG_JSON = "config.json"
@@ -103,21 +105,14 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file whole or not at all (temporary file in the same directory, then rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def write_text_atomic(path: Path, text: str, within: Path | None = None) -> None:
+    """Write a file whole or not at all (temporary file in the same directory, then rename), with no symlinked
+    directory below ``within`` on the way (:mod:`.safe_files`)."""
+    safe_files.write_text_atomic(path, text, within)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+def write_json_atomic(path: Path, data: Any, within: Path | None = None) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n", within)
 
 
 def append_event(run_dir: Path | str, event: str, **fields: Any) -> None:
@@ -125,29 +120,43 @@ def append_event(run_dir: Path | str, event: str, **fields: Any) -> None:
     ``fields`` with a None value are left out."""
     record = {"event": event, "time": now(), **{k: v for k, v in fields.items() if v is not None}}
     line = json.dumps(record) + "\n"
-    # One write of one line with O_APPEND: concurrent writers (ranks, the batch shell) never interleave.
-    fd = os.open(Path(run_dir) / STATE_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode("utf-8"))
-    finally:
-        os.close(fd)
+    # One write of one line with O_APPEND: concurrent writers (ranks, the batch shell) never interleave; never
+    # through a symlink planted as state.jsonl (it would append into any file the writer can write).
+    safe_files.append_bytes(Path(run_dir) / STATE_LOG, line.encode("utf-8"), within=Path(run_dir))
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """The state log's lines (a torn or foreign line is skipped)."""
+    """The state log's lines (a torn or foreign line is skipped). One that is not a regular file of bounded size (a
+    symlink, a FIFO, a device) is a :class:`~.safe_files.RunFileError`, never a hang or an empty history."""
     try:
-        text = (run_dir / STATE_LOG).read_text(encoding="utf-8", errors="replace")
+        text = safe_files.read_text(Path(run_dir) / STATE_LOG, safe_files.LOG_MAX_BYTES, errors="replace")
     except OSError:
         return []
     events = []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict) and isinstance(record.get("event"), str):
+            _check_types(record, f"{STATE_LOG} line {number}")
             events.append(record)
     return events
+
+
+_EVENT_TYPES: dict[str, tuple[type, ...]] = {"exit_code": (int,), "restart": (int,), "instance": (str,),
+                                             "time": (str,), "reason": (str,), "epoch": (int,),
+                                             "global_step": (int,), "total_epochs": (int,), "step_in_epoch": (int,)}
+"""The types :func:`fold` relies on; a line with another (``"exit_code": "x"``) makes the run ``unknown`` with
+the reason, never a traceback in ``status``."""
+
+
+def _check_types(record: Mapping[str, Any], where: str) -> None:
+    for key, types in _EVENT_TYPES.items():
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise safe_files.RunFileError(f"{where}: {key} is {type(value).__name__} {value!r:.40}, not "
+                                          f"{'/'.join(t.__name__ for t in types)}")
 
 
 # Reading the state ---------------------------------------------------------------------------------

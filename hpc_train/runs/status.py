@@ -9,12 +9,13 @@ a node failure or a cancel; for a local run, whether its runner still lives. Not
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import bad_nodes, liveness, rundir
+from . import bad_nodes, liveness, rundir, safe_files
 from .index import Run
 from .scheduler_job import SchedulerJob
 
@@ -75,15 +76,32 @@ def first_failure_in(text: str) -> str | None:
     return None
 
 
+def log_root(run: Run) -> Path:
+    """Where a run's recorded log paths may point: its job's directory of runs (its own logs/, and submitit's
+    ``.submitit`` beside the runs), nowhere else."""
+    return run.run_dir.parent
+
+
+def _log_path(run: Run, recorded: str, key: str) -> Path:
+    return safe_files.confined(recorded, log_root(run), f"{rundir.RUN_JSON} logs.{key}")
+
+
+def _tail_text(path: Path, limit_bytes: int = 16 << 20) -> str:
+    """The last ``limit_bytes`` of a regular file (a batch log: srun's error lines are near its end)."""
+    size = os.lstat(path).st_size
+    data, _ = safe_files.read_chunk(path, max(0, size - limit_bytes), limit_bytes)
+    return data.decode("utf-8", errors="replace")
+
+
 def first_failure(run: Run) -> str | None:
     """The first rank that failed and its host, from the batch log."""
     batch = run.record.get("logs", {}).get("batch")
-    candidates = [Path(batch)] if batch else []
+    candidates = [_log_path(run, batch, "batch")] if batch else []
     if batch and batch.endswith(".err"):
-        candidates.append(Path(batch[:-4] + ".out"))
+        candidates.append(_log_path(run, batch[:-4] + ".out", "batch"))
     for path in candidates:
         try:
-            found = first_failure_in(path.read_text(errors="replace"))
+            found = first_failure_in(_tail_text(path))
         except OSError:
             continue
         if found:
@@ -95,7 +113,7 @@ def progress(run_dir: Path) -> dict[str, Any]:
     """The last evaluation's figures from metrics.jsonl."""
     last = None
     try:
-        lines = (run_dir / rundir.METRICS).read_text().splitlines()
+        lines = safe_files.read_text(run_dir / rundir.METRICS, safe_files.LOG_MAX_BYTES, "replace").splitlines()
     except OSError:
         return {}
     for line in lines:
@@ -108,6 +126,10 @@ def progress(run_dir: Path) -> dict[str, Any]:
     if not isinstance(last, dict):
         return {}
     keep = ("epoch", "global_step", "top1", "balanced", "many", "medium", "few")
+    for key in keep:
+        value = last.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise safe_files.RunFileError(f"{rundir.METRICS}: {key} is {type(value).__name__}, not a number")
     return {k: round(last[k], 4) if isinstance(last[k], float) else last[k] for k in keep if k in last}
 
 
@@ -116,7 +138,10 @@ def run_state(run: Run, job: SchedulerJob | None, recorded: rundir.RunState | No
     (``job``; None for a local run) or with its local runner. Reads no log and no metrics (polling loops)."""
     if run.unreadable:
         return "unknown", run.unreadable
-    recorded = recorded or rundir.read_state(run.run_dir)
+    try:
+        recorded = recorded or rundir.read_state(run.run_dir)
+    except safe_files.RunFileError as exc:
+        return "unknown", str(exc)
     if run.cluster == "local":
         return _local_state(run, recorded)
     return reconcile(recorded, job)
@@ -133,8 +158,15 @@ def run_status(run: Run, job: SchedulerJob | None) -> dict[str, Any]:
     """A run's status: ``state`` (queued, running, completed, failed, cancelled, preempted, requeued) and
     why, with the scheduler's own view (``slurm_state``, from ``job``: None for a local run) and the training
     progress."""
-    recorded = rundir.read_state(run.run_dir)
     out: dict[str, Any] = {"run": run.name, "job_id": run.job_id, "cluster": run.cluster, "run_dir": str(run.run_dir)}
+    try:
+        return _folded_status(run, job, out)
+    except safe_files.RunFileError as exc:  # this run is unknown, with the reason; the others are listed as usual
+        return {**out, "state": "unknown", "reason": str(exc)}
+
+
+def _folded_status(run: Run, job: SchedulerJob | None, out: dict[str, Any]) -> dict[str, Any]:
+    recorded = rundir.read_state(run.run_dir)
     if run.on_slurm and job is not None:
         out.update(slurm_state=job.state, source=job.source, elapsed=job.elapsed, nodes=job.nodes,
                    slurm_exit_code=job.exit_code, slurm_reason=job.reason if job.phase == "unknown" else "")
@@ -155,25 +187,35 @@ def run_status(run: Run, job: SchedulerJob | None) -> dict[str, Any]:
 
 def _hang_timeout_s(run: Run) -> float:
     try:
-        return float(json.loads((run.run_dir / rundir.CONFIG_JSON).read_text())["slurm"]["hang_timeout_s"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return float(safe_files.read_json(run.run_dir / rundir.CONFIG_JSON)["slurm"]["hang_timeout_s"])
+    except (OSError, ValueError, KeyError, TypeError, safe_files.RunFileError):
         return 0.0
 
 
 def compute_records(run_dir: Path) -> list[dict[str, Any]]:
     """The ranks' compute-time records of metrics.jsonl, one per epoch (hpc_train/train/observe/stragglers.py)."""
     try:
-        lines = (run_dir / rundir.METRICS).read_text(errors="replace").splitlines()
+        lines = safe_files.read_text(run_dir / rundir.METRICS, safe_files.LOG_MAX_BYTES, "replace").splitlines()
     except OSError:
         return []
     found = []
     for line in lines:
         if '"rank_compute"' in line:
             try:
-                found.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if isinstance(record, dict) and isinstance(record.get("stragglers") or [], list) and all(
+                    _is_straggler(s) for s in record.get("stragglers") or []):
+                found.append(record)
+            else:
+                raise safe_files.RunFileError(f"{rundir.METRICS}: a rank_compute line with wrong types")
     return found
+
+
+def _is_straggler(item: Any) -> bool:
+    return (isinstance(item, dict) and isinstance(item.get("rank"), int) and isinstance(item.get("host"), str)
+            and isinstance(item.get("ratio"), (int, float)) and not isinstance(item.get("ratio"), bool))
 
 
 def last_straggler(run_dir: Path) -> dict[str, Any] | None:
@@ -216,26 +258,46 @@ def health(run: Run, state: str, reason: str) -> dict[str, Any]:
     return out
 
 
+def _rank_path(template: str, rank: int) -> str:
+    """A recorded rank log path with its ``{rank}`` filled in (nothing else: a ``{0.__class__}`` in a shared
+    run.json is text, never a format field)."""
+    return template.replace("{rank}", str(rank))
+
+
 def log_files(run: Run, rank: int | None = None) -> list[tuple[str, Path]]:
     """(label, path) of a run's logs: the batch log, then each rank's (or only ``rank``'s)."""
     logs = run.record.get("logs", {})
     files: list[tuple[str, Path]] = []
     if rank is None and logs.get("batch"):
-        files.append(("batch", Path(logs["batch"])))
+        files.append(("batch", _log_path(run, logs["batch"], "batch")))
     world = int(run.record.get("world_size") or 0)
     ranks = [rank] if rank is not None else list(range(world))
     if rank is None and not world:  # a plain sbatch run: take the rank logs that exist
-        pattern = Path(logs.get("rank_out", str(run.run_dir / rundir.RANK_LOG)))
+        pattern = _log_path(run, logs.get("rank_out", str(run.run_dir / rundir.RANK_LOG)), "rank_out")
         ranks = sorted(int(m.group(1)) for p in pattern.parent.glob("*")
                        if (m := re.fullmatch(re.escape(pattern.name).replace(r"\{rank\}", r"(\d+)"), p.name)))
     for r in ranks:
         for key in ("rank_err", "rank_out"):  # progress (stderr) before the final table (stdout)
             if logs.get(key):
-                path = Path(logs[key].format(rank=r))
+                path = _log_path(run, _rank_path(logs[key], r), key)
                 if rank is None and r == 0 and logs.get("batch") and path == Path(logs["batch"]):
                     continue  # submitit's form: rank 0 shares the batch log
                 files.append((f"rank {r}", path))
     return files
+
+
+def _new_chunks(path: Path, offsets: dict[Path, int]) -> Iterator[bytes]:
+    """What a log gained since ``offsets[path]``, a bounded chunk at a time (a log is never read whole, and one
+    that is not a regular file is refused: :mod:`.safe_files`)."""
+    while True:
+        data, after = safe_files.read_chunk(path, offsets[path])
+        if not data:
+            return
+        if len(data) == safe_files.CHUNK_BYTES and b"\n" in data:  # more follows: end this chunk at a whole line
+            data = data[:data.rindex(b"\n") + 1]
+            after = offsets[path] + len(data)
+        offsets[path] = after
+        yield data
 
 
 def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0,
@@ -247,15 +309,12 @@ def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0
     while True:
         new = False
         for label, path in files:
-            if not path.exists():
+            if not os.path.lexists(path):
                 continue
-            with path.open("r", errors="replace") as handle:
-                handle.seek(offsets[path])
-                chunk = handle.read()
-                offsets[path] = handle.tell()
-            for line in chunk.splitlines():
-                new = True
-                yield f"[{label}] {line}" if prefix else line
+            for data in _new_chunks(path, offsets):
+                for line in data.decode("utf-8", errors="replace").splitlines():
+                    new = True
+                    yield f"[{label}] {line}" if prefix else line
         if not follow:
             return
         if not new and is_done is not None and is_done():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import socket
 import subprocess
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any, Literal, Mapping
 from .. import __version__
 from ..config import JobSources, JobSpec, dump_yaml
 from ..errors import ConfigError
-from . import rundir
+from . import rundir, safe_files
 from .undo import Created
 
 @dataclass(frozen=True)
@@ -143,12 +144,12 @@ def continue_run_record(run_dir: Path, job_id: str, logs: Mapping[str, str]) -> 
     """A continuation (``--resume``, ``--chain``) notes its job in the run's record and its state log."""
     path = run_dir / rundir.RUN_JSON
     try:
-        record = json.loads(path.read_text()) if path.exists() else {"run_dir": str(run_dir)}
-    except (OSError, json.JSONDecodeError):
+        record = safe_files.read_json(path) if os.path.lexists(path) else {"run_dir": str(run_dir)}
+    except (OSError, ValueError):
         record = {"run_dir": str(run_dir)}
     record.setdefault("continued_by", []).append({"job_id": job_id, "logs": dict(logs)})
     record["job_id"], record["logs"] = job_id, dict(logs)
-    rundir.write_json_atomic(path, record)
+    rundir.write_json_atomic(path, record, within=run_dir)
     rundir.append_event(run_dir, rundir.QUEUED, writer="submit", job_id=job_id)
 
 
