@@ -180,10 +180,17 @@ def echo_json(data: Any) -> None:
 
 
 def write_output(path: Path, text: str) -> None:
-    """Write a file the user named (``-o``), whole or not at all; an impossible path is exit 2."""
+    """Write a file the user named (``-o``), whole or not at all; an impossible path is exit 2 with its reason. A
+    device or FIFO the user named (``-o /dev/stdout``, ``-o /dev/full``) is written into, never replaced by a
+    regular file: ``/dev/full`` is ENOSPC, as it should be."""
     from ..runs import rundir
 
     try:
+        if path.exists() and not path.is_file():
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+            return
         rundir.write_text_atomic(path, text)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None

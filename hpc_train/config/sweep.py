@@ -67,6 +67,8 @@ def sweep_points(sweeps: Sequence[str] = (), sweep_file: Path | None = None) -> 
         if not values:
             raise ConfigError(f"--sweep {item!r}: no values")
         _check_size(len(values), source)
+        if any(key == seen for seen, _ in axes):
+            raise ConfigError(f"--sweep {key} is given twice; give its values once: --sweep {key}=V1,V2,...")
         axes.append((key, _typed(key, values, source)))
     if sweep_file is not None:
         if sweep_file.suffix not in (".yaml", ".yml"):
@@ -82,6 +84,8 @@ def sweep_points(sweeps: Sequence[str] = (), sweep_file: Path | None = None) -> 
             points = [{key: _typed(key, [value], str(sweep_file))[0] for key, value in point.items()}
                       for point in raw_points]
         for key, values in data.items():
+            if any(key == seen for seen, _ in axes):
+                raise ConfigError(f"{sweep_file}: {key} is swept by --sweep too; sweep it in one place")
             if not isinstance(values, list) or not values:
                 raise ConfigError(f"{sweep_file}: {key} must map to a non-empty list of values")
             axes.append((key, _typed(key, values, str(sweep_file))))

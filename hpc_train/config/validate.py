@@ -140,12 +140,23 @@ def _validate_slurm(s: SlurmConfig, strategy: str) -> None:
             raise ConfigError(f"slurm.env: {key} is read by every bash the job starts (its value expanded and run, or "
                               "the way the script is read changed); a job value never lands there: set it in your "
                               "own script")
+        if (key in RANK_MAPPING or key.startswith(RANK_MAPPING_PREFIXES)) and key not in EXPORT_LISTS:
+            raise ConfigError(f"slurm.env: {key} is a variable of the rank mapping, which the launcher sets for each "
+                              "task (set there, every task would map itself to the same rank); remove it")
         if key.startswith(SCRIPT_VARIABLE_PREFIX):
             raise ConfigError(f"slurm.env: {key}: names starting {SCRIPT_VARIABLE_PREFIX} are the script's own "
                               "read-only variables; choose another name")
     if not (1024 <= s.master_port_base and s.master_port_base + s.master_port_span <= 65535 and s.master_port_span > 0):
         raise ConfigError("slurm.master_port_base/span must keep ports within 1024-65535")
     _validate_exports(s)
+
+
+RANK_MAPPING = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                          "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+"""What :func:`hpc_train.rank.dist.DistEnv.from_environ` reads to tell a task who it is (torchrun's names)."""
+RANK_MAPPING_PREFIXES = ("SLURM_", "MASTER_")
+"""Slurm's own variables (the mapping's source under srun; the ``--export`` lists of :data:`EXPORT_LISTS` are
+options, not the mapping, and stay allowed) and the rendezvous address."""
 
 
 EXPORT_LISTS = frozenset({"SBATCH_EXPORT", "SLURM_EXPORT_ENV", "SRUN_EXPORT_ENV"})

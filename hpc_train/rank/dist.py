@@ -25,6 +25,7 @@ import socket
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
+from .. import launch_env
 from ..errors import HpcTrainError
 from ..runs import rundir
 from . import hostlist
@@ -57,6 +58,16 @@ def _int(environ: Mapping[str, str], name: str) -> int:
 
 def _opt_int(environ: Mapping[str, str], name: str) -> int | None:
     return _int(environ, name) if environ.get(name, "") != "" else None
+
+
+def _first_host(nodelist: str, num_nodes: int) -> str:
+    """The first host of a node list, counted before it is expanded (``gpu[1-99999999]`` is refused in
+    microseconds, as ``simulate`` does, never expanded into a hundred million names)."""
+    hosts = hostlist.count(nodelist)
+    if hosts > MAX_SIMULATED_RANKS:
+        raise DistError(f"the node list {nodelist!r:.80} names {hosts:,} hosts (the step has {num_nodes}); the "
+                        "launcher's environment is broken")
+    return hostlist.expand(nodelist, max_hosts=MAX_SIMULATED_RANKS)[0]
 
 
 def visible_gpu_count(environ: Mapping[str, str]) -> int | None:
@@ -110,7 +121,7 @@ class DistEnv:
         else:
             dist = cls(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1,
                        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-                       master_port=int(env.get("MASTER_PORT", "29500")), source="single",
+                       master_port=launch_env.master_port(env, 29500), source="single",
                        hostname=hostname, visible_gpus=visible)
         dist.check()
         return dist
@@ -127,7 +138,7 @@ class DistEnv:
             local_world_size=local_world,
             node_rank=_opt_int(env, "GROUP_RANK") or _opt_int(env, "NODE_RANK") or _int(env, "RANK") // local_world,
             num_nodes=max(1, world // local_world), master_addr=env["MASTER_ADDR"],
-            master_port=_int(env, "MASTER_PORT"), hostname=hostname,
+            master_port=launch_env.master_port(env), hostname=hostname,
             source="local" if env.get("HPC_TRAIN_LAUNCHER") == "local" else "torchrun",
             job_id=env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID"), visible_gpus=visible,
         )
@@ -156,13 +167,13 @@ class DistEnv:
             if not nodelist:
                 raise DistError("cannot determine MASTER_ADDR: neither MASTER_ADDR nor SLURM_JOB_NODELIST is set; "
                                 "export MASTER_ADDR in the batch script before srun")
-            master_addr = hostlist.expand(nodelist)[0]
+            master_addr = _first_host(nodelist, num_nodes)
         job_id = env.get("SLURM_JOB_ID")
         if env.get("MASTER_PORT"):
-            master_port = _int(env, "MASTER_PORT")
+            master_port = launch_env.master_port(env)
         elif job_id:
             array_job = _opt_int(env, "SLURM_ARRAY_JOB_ID")
-            master_port = master_port_for(array_job if array_job is not None else int(job_id),
+            master_port = master_port_for(array_job if array_job is not None else int(launch_env.job_id(env)),
                                           _opt_int(env, "SLURM_ARRAY_TASK_ID"))
         else:
             raise DistError("cannot determine MASTER_PORT: neither MASTER_PORT nor SLURM_JOB_ID is set")
@@ -176,7 +187,7 @@ class DistEnv:
     def _from_submitit_local(cls, env: Mapping[str, str], hostname: str, visible: int | None) -> "DistEnv":
         world = _int(env, "SUBMITIT_LOCAL_NTASKS")
         job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "0")
-        port = _int(env, "MASTER_PORT") if env.get("MASTER_PORT") else master_port_for(int(job_id) if job_id.isdigit() else 0)
+        port = launch_env.master_port(env) if env.get("MASTER_PORT") else master_port_for(int(job_id) if job_id.isdigit() else 0)
         return cls(
             rank=_int(env, "SUBMITIT_LOCAL_GLOBALID"), local_rank=_int(env, "SUBMITIT_LOCAL_LOCALID"),
             world_size=world, local_world_size=world, node_rank=_opt_int(env, "SUBMITIT_LOCAL_NODEID") or 0,
@@ -277,11 +288,11 @@ def launch_info(environ: Mapping[str, str] | None = None) -> dict[str, str | int
     """For your own command: the run directory, where to checkpoint, which restart this is, and the
     preemption contract (docs/commands.md), from the variables hpc-train sets for every rank."""
     env = os.environ if environ is None else environ
-    restart = env.get("HPC_TRAIN_RESTART") or env.get("SLURM_RESTART_COUNT") or "0"
+    restart_name = "HPC_TRAIN_RESTART" if env.get("HPC_TRAIN_RESTART") else "SLURM_RESTART_COUNT"
     return {"run_dir": env.get("HPC_TRAIN_RUN_DIR"), "checkpoint_dir": env.get("HPC_TRAIN_CHECKPOINT_DIR"),
-            "restart": int(restart) if restart.isdigit() else 0, "signal": env.get("HPC_TRAIN_SIGNAL", "USR2"),
-            "signal_delay_s": int(env.get("HPC_TRAIN_SIGNAL_DELAY_S") or 0) or None,
-            "exit_requeue": int(env.get("HPC_TRAIN_EXIT_REQUEUE") or rundir.EXIT_CHECKPOINTED)}
+            "restart": launch_env.restart_count(env, restart_name), "signal": env.get("HPC_TRAIN_SIGNAL", "USR2"),
+            "signal_delay_s": launch_env.env_int(env, "HPC_TRAIN_SIGNAL_DELAY_S", 0, 366 * 86400, default=0) or None,
+            "exit_requeue": launch_env.env_int(env, "HPC_TRAIN_EXIT_REQUEUE", 1, 255, default=rundir.EXIT_CHECKPOINTED)}
 
 
 def setup(*, backend: str | None = None, timeout_s: int = 600) -> DistEnv:

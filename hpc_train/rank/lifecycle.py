@@ -30,13 +30,18 @@ def record_failure(run_dir: str | Path | None, reason: str, exit_code: int) -> N
     """The failure, in the run's state log (the first failing rank's line is the run's reason)."""
     if not run_dir or not Path(run_dir).is_dir():
         return
+    from ..errors import HpcTrainError
+
     rank, host = rank_and_host()
-    instance, restart = rundir.instance_of()
+    try:
+        instance, restart = rundir.instance_of()
+    except HpcTrainError:  # a broken launcher variable: it is the reason being recorded, for no known launch
+        instance, restart = None, None
     try:
         rundir.append_event(run_dir, rundir.FAILED, writer=f"rank {rank if rank is not None else '?'}",
                             instance=instance, restart=restart, rank=rank, host=host, exit_code=exit_code,
                             reason=reason)
-    except OSError as exc:  # the run directory went away: the exit code still tells
+    except (OSError, HpcTrainError) as exc:  # the run directory went away or is not safe: the exit code tells
         log.warning("could not record the failure in %s: %s", run_dir, exc)
 
 

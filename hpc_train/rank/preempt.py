@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from .. import launch_env
 from ..runs import rundir
 
 log = logging.getLogger("hpc_train.train")
@@ -129,7 +130,7 @@ def decide_requeue(*, requeue_enabled: bool, max_requeues: int, by_requeue_signa
         return RequeueDecision(False, "slurm.requeue is off", job_id)
     if job_id is None:
         return RequeueDecision(False, "not running under Slurm (no SLURM_JOB_ID)", None)
-    restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    restarts = launch_env.restart_count(env, "SLURM_RESTART_COUNT")
     if restarts >= max_requeues:
         return RequeueDecision(False, f"already restarted {restarts} times (slurm.max_requeues={max_requeues})",
                                job_id)

@@ -188,14 +188,16 @@ INSTANCE_ENV = "HPC_TRAIN_INSTANCE"
 def instance_of(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
     """(instance id, restart count) of this process's launch: every rank and the launcher of one launch
     agree on it, so a rank's line is never mistaken for a line of an earlier or later launch."""
+    from .. import launch_env  # each value checked: a broken one is exit 2 naming it, never a traceback
+
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID"):
-        restart = int(env.get("SLURM_RESTART_COUNT") or 0)
-        return f"slurm:{env['SLURM_JOB_ID']}.{restart}", restart
+        restart = launch_env.restart_count(env, "SLURM_RESTART_COUNT")
+        return f"slurm:{launch_env.job_id(env)}.{restart}", restart
     if env.get(INSTANCE_ENV):
-        return env[INSTANCE_ENV], int(env[INSTANCE_ENV].rsplit(".", 1)[-1]) if "." in env[INSTANCE_ENV] else 0
+        return env[INSTANCE_ENV], launch_env.instance_restart(env[INSTANCE_ENV], INSTANCE_ENV)
     if env.get("TORCHELASTIC_RUN_ID"):
-        return f"torchrun:{env['TORCHELASTIC_RUN_ID']}", int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)
+        return f"torchrun:{env['TORCHELASTIC_RUN_ID']}", launch_env.restart_count(env, "TORCHELASTIC_RESTART_COUNT")
     return f"pid:{os.getpid()}", 0
 
 

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import launch_env
 from ..hostlist import expand
 from ..runs import bad_nodes, liveness, rundir
 
@@ -68,7 +69,7 @@ def add_excluded(run_dir: Path, node: str, reason: str, environ: dict[str, str] 
         return True
     partition = env.get("SLURM_JOB_PARTITION") or ""
     listed, message = bad_nodes.add(run_dir, node, reason, job_id=env.get("SLURM_JOB_ID"),
-                                    restart=int(env.get("SLURM_RESTART_COUNT") or 0),
+                                    restart=launch_env.restart_count(env, "SLURM_RESTART_COUNT"),
                                     pool=_partition_nodes(partition) if partition else [],
                                     pool_name=f"partition {partition}",
                                     needed_nodes=int(env.get("SLURM_JOB_NUM_NODES") or 1))
@@ -277,7 +278,7 @@ def _named_in_batch_log(run_dir: Path) -> str | None:
 
 def start_check(run_dir: Path) -> int:
     """``start-check RUN_DIR`` (module docstring): 0 to go on, EXIT_HANG_REQUEUED when it requeued itself."""
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    restart = launch_env.restart_count(os.environ, "SLURM_RESTART_COUNT")
     if restart > 0:
         failed = _node_failure(run_dir, restart)
         if failed:
