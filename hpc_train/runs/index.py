@@ -147,7 +147,10 @@ def _indexed(submit_dir: Path | None = None) -> list[Path]:
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / name).exists() for name in (rundir.RUN_JSON, rundir.JOB_YAML))
+    try:
+        return path.is_dir() and any(os.path.lexists(path / name) for name in (rundir.RUN_JSON, rundir.JOB_YAML))
+    except (OSError, ValueError):  # a name too long for a path, a NUL byte: a selector, never a run directory
+        return False
 
 
 def load_run(run_dir: Path) -> Run:

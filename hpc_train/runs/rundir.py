@@ -235,7 +235,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
             if state != FAILED:
                 state, reason, exit_code = name, str(event.get("reason", "")), event.get("exit_code")
         elif name == EXIT:
-            code = int(event.get("exit_code", EXIT_FAILED))
+            code = EXIT_FAILED if event.get("exit_code") is None else int(event["exit_code"])  # null: not known
             derived, why = state_for_exit(code)
             if code == EXIT_OK and state == REQUEUED:
                 continue
