@@ -26,8 +26,8 @@ def env_int(environ: Mapping[str, str], name: str, low: int, high: int, default:
     raw = environ.get(name, "")
     if raw == "" and default is not None:
         return default
-    text = raw.strip()
-    if not re.fullmatch(r"[+-]?[0-9]{1,19}", text) or not low <= int(text) <= high:
+    text = raw  # as the launcher writes it: no blanks, no signs of other notations (0x50, 1e3, ٣)
+    if not re.fullmatch(r"-?[0-9]{1,19}", text, flags=re.ASCII) or not low <= int(text) <= high:
         raise LaunchEnvError(f"{name}={raw!r:.60} is not an integer from {low} to {high}; the launcher's environment "
                              "is broken (unset it, or launch through hpc-train)")
     return int(text)
