@@ -53,14 +53,18 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
     import shutil
 
     from ..front.submit import choose_cluster
-    from ..plugin_probe import probe_plugins
+    from ..config import dump_yaml
+    from ..config.plugins import in_use
+    from ..plugin_child import probe_in_child
     from ..slurm import queue as slurm_queue
 
     spec = resolved.spec
     no_slurm = shutil.which("sbatch") is None
     slurm_script_here = no_slurm and (cluster == "slurm" or (cluster == "auto" and spec.slurm.nodes > 1))
     chosen, note = ("slurm", "") if slurm_script_here else choose_cluster(cluster, spec)  # type: ignore[arg-type]
-    for line in ([] if spec.command else probe_plugins(spec.train)):  # imports the job's own modules
+    # The job's own modules are imported in a child with a deadline: one that exits, hangs or leaves a thread at
+    # import is exit 2 saying so, not the end or the hang of this process.
+    for line in ([] if spec.command or not in_use(spec.train) else probe_in_child(dump_yaml(spec))):
         click.echo(line, err=True)
     if chosen == "local":
         _local_plan(resolved, resume_dir, note)
