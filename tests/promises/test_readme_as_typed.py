@@ -1,0 +1,26 @@
+"""The README's and docs' shell lines as typed (issue 28, item 8): the inventory copy of the Ansible quick start runs
+in a fresh directory (it needed an `inventories/` that a new user does not have)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _copy_line(doc: str) -> str:
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    return next(line.strip() for line in text.splitlines() if re.search(r"inventories/example\"? inventories/prod", line))
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/ansible.md"])
+def test_the_inventory_copy_runs_as_typed_in_a_fresh_directory(tmp_path, doc):
+    line = _copy_line(doc)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-ec", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "inventories" / "prod" / "group_vars" / "all" / "gpu_stack.yml").is_file()
