@@ -223,7 +223,7 @@ def train(train_args: tuple[str, ...]) -> None:
 
     \b
     Examples:
-      hpc-train train digits_lt_demo --set train.epochs=2
+      hpc-train train digits_lt_demo --epochs 2          # the recipe shortened, warm-up and milestones with it
       hpc-train train jobs/cifar10_lt_ldam_drw.yaml --dry-run --set train.data.root=/data/cifar
       hpc-train train jobs/cifar10_lt_ldam_drw.yaml --epochs 3 --set train.data.root=/data/cifar
     """

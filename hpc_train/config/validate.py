@@ -307,7 +307,8 @@ def _validate_methods(t: TrainConfig) -> None:
 def _validate_schedule(t: TrainConfig) -> None:
     sch = t.schedule
     if sch.warmup_epochs >= t.epochs:
-        raise ConfigError(f"train.schedule.warmup_epochs={sch.warmup_epochs} must be in [0, epochs={t.epochs})")
+        raise ConfigError(f"train.schedule.warmup_epochs={sch.warmup_epochs} must be in [0, epochs={t.epochs}); to "
+                          "shorten a recipe use --epochs N, which scales its warm-up and milestones with it")
     if list(sch.milestones) != sorted(sch.milestones) or any(m < 0 for m in sch.milestones):
         raise ConfigError(f"train.schedule.milestones must be increasing epoch indices >= 0, got {list(sch.milestones)}")
     if sch.milestones and sch.name != "multistep":

@@ -24,3 +24,16 @@ def test_the_inventory_copy_runs_as_typed_in_a_fresh_directory(tmp_path, doc):
     done = subprocess.run(["bash", "-ec", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "inventories" / "prod" / "group_vars" / "all" / "gpu_stack.yml").is_file()
+
+
+def test_the_train_help_example_runs_as_typed(tmp_path):
+    # The example was `hpc-train train digits_lt_demo --set train.epochs=2`, which its own warm-up refused (exit 2).
+    from tests.cli_helpers import cli
+
+    shown = cli("train", "--help").stdout
+    example = next(line.split("#")[0].split()[2:] for line in shown.splitlines()
+                   if line.strip().startswith("hpc-train train digits_lt_demo"))
+    done = cli("train", *example, "--dry-run", cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    refused = cli("train", "digits_lt_demo", "--set", "train.epochs=2", "--dry-run", cwd=tmp_path)
+    assert refused.returncode == 2 and "use --epochs N" in refused.stderr
