@@ -60,7 +60,7 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
 
     spec = resolved.spec
     no_slurm = shutil.which("sbatch") is None
-    slurm_script_here = no_slurm and (cluster == "slurm" or (cluster == "auto" and spec.slurm.nodes > 1))
+    slurm_script_here = no_slurm and (cluster == "slurm" or (cluster == "auto" and _only_a_cluster_can(spec)))
     chosen, note = ("slurm", "") if slurm_script_here else choose_cluster(cluster, spec)  # type: ignore[arg-type]
     # The job's own modules are imported in a child with a deadline: one that exits, hangs or leaves a thread at
     # import is exit 2 saying so, not the end or the hang of this process.
@@ -78,6 +78,21 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
         return
     for line in slurm_queue.preflight(spec, script):
         click.echo(f"preflight: {line}", err=True)
+
+
+def _only_a_cluster_can(spec: Any) -> bool:
+    """A job this machine cannot run (more than one node, or GPUs it lacks): its dry run without Slurm shows the
+    Slurm script, as on a laptop a user prepares a cluster job on (a real local submit is still refused)."""
+    from ..errors import ConfigError
+    from ..local import plan as local
+
+    if spec.slurm.nodes > 1:
+        return True
+    try:
+        local.check_devices(spec)
+    except ConfigError:
+        return True
+    return False
 
 
 def _local_plan(resolved: Any, resume_dir: Path | None, note: str) -> None:

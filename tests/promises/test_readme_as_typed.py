@@ -37,3 +37,19 @@ def test_the_train_help_example_runs_as_typed(tmp_path):
     assert done.returncode == 0, done.stderr
     refused = cli("train", "digits_lt_demo", "--set", "train.epochs=2", "--dry-run", cwd=tmp_path)
     assert refused.returncode == 2 and "use --epochs N" in refused.stderr
+
+
+def test_a_gpu_job_dry_run_without_slurm_or_gpus_prints_its_script(tmp_path, stub_slurm):
+    # Was: `submit jobs/cifar100_lt_bs.yaml --dry-run` on a laptop without GPUs was refused (the local GPU check)
+    # instead of printing the script the README promises for a job only a cluster can run.
+    from hpc_train.local.plan import visible_gpus
+    from tests.cli_helpers import cli
+
+    stub_slurm.remove("sbatch")
+    done = cli("submit", str(ROOT / "jobs" / "cifar100_lt_bs.yaml"), "--dry-run", cwd=tmp_path, env=stub_slurm.env())
+    assert done.returncode == 0, done.stderr
+    if visible_gpus() == 0:
+        assert done.stdout.startswith("#!/bin/bash") and "no Slurm here: sbatch --test-only skipped" in done.stderr
+        refused = cli("submit", str(ROOT / "jobs" / "cifar100_lt_bs.yaml"), cwd=tmp_path, env=stub_slurm.env())
+        assert refused.returncode == 2 and "this machine has 0" in refused.stderr  # a real local submit still is
+    assert list(tmp_path.iterdir()) == []
