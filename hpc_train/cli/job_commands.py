@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +49,38 @@ def render(output: Path | None, **kwargs: Any) -> None:
                f"submit it with: sbatch {output}", err=True)
 
 
-def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel: int | None) -> None:
+@dataclass
+class DryRun:
+    """What ``submit --dry-run`` found, doing nothing: printed as text (the script or plan on stdout, the rest on
+    stderr) or, with ``--json``, as one JSON object of these fields."""
+
+    cluster: str
+    plugins: list[str] = field(default_factory=list)
+    script: str | None = None
+    """The sbatch script (Slurm), or the local ranks' command lines (local)."""
+    notes: list[str] = field(default_factory=list)
+    preflight: list[str] = field(default_factory=list)
+
+    def show(self, as_json: bool) -> None:
+        if as_json:
+            echo_json({"dry_run": True, **dataclasses.asdict(self)})
+            return
+        for line in self.plugins:
+            click.echo(line, err=True)
+        if self.script is not None:
+            click.echo(self.script, nl=False)
+        for line in self.notes + [f"preflight: {line}" for line in self.preflight]:
+            click.echo(line, err=True)
+
+
+def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel: int | None) -> DryRun:
     """What submit would do, doing nothing: the local plan, or the Slurm script and Slurm's verdict (without
     Slurm here: the script and the checks this machine can make, the verdict skipped, exit 0)."""
     import shutil
 
-    from ..front.submit import choose_cluster
     from ..config import dump_yaml
     from ..config.plugins import in_use
+    from ..front.submit import choose_cluster
     from ..plugin_child import probe_in_child
     from ..slurm import queue as slurm_queue
 
@@ -64,20 +90,15 @@ def _dry_run(resolved: Any, cluster: str, resume_dir: Path | None, max_parallel:
     chosen, note = ("slurm", "") if slurm_script_here else choose_cluster(cluster, spec)  # type: ignore[arg-type]
     # The job's own modules are imported in a child with a deadline: one that exits, hangs or leaves a thread at
     # import is exit 2 saying so, not the end or the hang of this process.
-    for line in ([] if spec.command or not in_use(spec.train) else probe_in_child(dump_yaml(spec))):
-        click.echo(line, err=True)
+    plugins = [] if spec.command or not in_use(spec.train) else probe_in_child(dump_yaml(spec))
     if chosen == "local":
-        _local_plan(resolved, resume_dir, note)
-        return
+        return _local_plan(resolved, resume_dir, note, plugins)
     spec, sweep = slurm_queue.with_site_gpu_flag(resolved)
     script = slurm_queue.dry_run_script(spec, resolved.sources, sweep=sweep, max_parallel=max_parallel,
                                        resume_dir=resume_dir)
-    click.echo(script, nl=False)
     if slurm_script_here:
-        click.echo("no Slurm here: sbatch --test-only skipped", err=True)
-        return
-    for line in slurm_queue.preflight(spec, script):
-        click.echo(f"preflight: {line}", err=True)
+        return DryRun("slurm", plugins, script, notes=["no Slurm here: sbatch --test-only skipped"])
+    return DryRun("slurm", plugins, script, preflight=list(slurm_queue.preflight(spec, script)))
 
 
 def _only_a_cluster_can(spec: Any) -> bool:
@@ -95,7 +116,7 @@ def _only_a_cluster_can(spec: Any) -> bool:
     return False
 
 
-def _local_plan(resolved: Any, resume_dir: Path | None, note: str) -> None:
+def _local_plan(resolved: Any, resume_dir: Path | None, note: str, plugins: list[str]) -> DryRun:
     from ..local import plan as local
     from ..runs import rundir
 
@@ -103,13 +124,11 @@ def _local_plan(resolved: Any, resume_dir: Path | None, note: str) -> None:
     local.check_devices(spec)
     group = rundir.run_group(rundir.runs_root(spec.runs_dir), spec.name)
     run_dirs = [resume_dir] if resume_dir else [group / rid for rid in local.new_run_ids(len(resolved.sweep) or 1)]
-    click.echo(local.plan_text(resolved, run_dirs), nl=False)
-    for line in (note, local.local_note(spec)):
-        if line:
-            click.echo(line, err=True)
     together = f"{spec.slurm.pack} at a time" if spec.slurm.pack > 1 else "one after another"
-    click.echo(f"dry run: would run {spec.slurm.ranks_per_node} local rank(s) of {spec.name!r} "
-               f"{'in ' + str(len(run_dirs)) + ' runs, ' + together if len(run_dirs) > 1 else ''}".rstrip(), err=True)
+    summary = (f"dry run: would run {spec.slurm.ranks_per_node} local rank(s) of {spec.name!r} "
+               f"{'in ' + str(len(run_dirs)) + ' runs, ' + together if len(run_dirs) > 1 else ''}").rstrip()
+    notes = [line for line in (note, local.local_note(spec)) if line] + [summary]
+    return DryRun("local", plugins, local.plan_text(resolved, run_dirs), notes=notes)
 
 
 @cli.command(cls=WithCommand, context_settings=CONTEXT)
@@ -125,7 +144,7 @@ def _local_plan(resolved: Any, resume_dir: Path | None, note: str) -> None:
               "verdict (partition, account, sbatch --test-only); without Slurm here, the script and the checks this "
               "machine can make. Local: each rank's command line.")
 @click.option("--wait", is_flag=True, help="Follow the run(s) to the end; exit 0 only if they completed.")
-@click.option("--json", "as_json", is_flag=True, help="Print job id, run name and run dir as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print job id, run name and run dir as JSON (with --dry-run: what would run, as JSON).")
 @click.option("--snapshot", is_flag=True, help="Record the code that runs: the git SHA, branch and untracked files "
               "(code.json) and the uncommitted `git diff HEAD` (code.diff) of the submit directory, in each run.")
 def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bool, as_json: bool, snapshot: bool,
@@ -168,7 +187,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
         resume_dir, job_file = run.run_dir, continued_job_file(run.run_dir)
     resolved = resolve(kwargs, job_file)
     if dry_run:
-        _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel"))
+        _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel")).show(as_json)
         return
     result = submit_job(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
                         resume_dir=resume_dir, chain=chain, snapshot=snapshot)

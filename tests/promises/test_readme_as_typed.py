@@ -53,3 +53,19 @@ def test_a_gpu_job_dry_run_without_slurm_or_gpus_prints_its_script(tmp_path, stu
         refused = cli("submit", str(ROOT / "jobs" / "cifar100_lt_bs.yaml"), cwd=tmp_path, env=stub_slurm.env())
         assert refused.returncode == 2 and "this machine has 0" in refused.stderr  # a real local submit still is
     assert list(tmp_path.iterdir()) == []
+
+
+def test_submit_dry_run_json_prints_json(tmp_path, stub_slurm):
+    # Was: `submit --dry-run --json` printed the text plan.
+    import json
+
+    from tests.cli_helpers import cli
+
+    stub_slurm.remove("sbatch")
+    for args in ([], ["--nodes", "2"]):
+        done = cli("submit", "--dry-run", "--json", *args, cwd=tmp_path, env=stub_slurm.env())
+        assert done.returncode == 0, done.stderr
+        shown = json.loads(done.stdout)
+        assert shown["dry_run"] is True and shown["cluster"] == ("slurm" if args else "local")
+        assert ("#!/bin/bash" in shown["script"]) == bool(args) and done.stderr == ""
+    assert list(tmp_path.iterdir()) == []
