@@ -173,10 +173,12 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
     from ..front.status import run_state
     from ..front.submit import submit as submit_job
     from ..runs.index import resolve_run
+    from ..runs.status import log_sizes
     from ..runs.submission import continued_job_file, resumable, shared_filesystem_warning
 
     resume_dir = None
     job_file = None
+    logged_before: dict[Path, int] = {}
     if resume is not None:
         if kwargs.get("job"):
             raise ConfigError("give either JOB or --resume RUN (a resumed run keeps its own job)")
@@ -185,6 +187,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
         run = resolve_run(resume, runs_root(kwargs.get("runs_dir")))
         resumable(run.run_dir, run_state(run)[0])  # the state alone: no metrics or logs read
         resume_dir, job_file = run.run_dir, continued_job_file(run.run_dir)
+        logged_before = log_sizes(run, 0)  # --wait prints what this launch adds, not the earlier launches' log
     resolved = resolve(kwargs, job_file)
     if dry_run:
         _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel")).show(as_json)
@@ -202,7 +205,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
     if wait:
         try:
             if not as_json:
-                stream_rank0(result, click.echo)
+                stream_rank0(result, click.echo, since=logged_before)
             wait_for(result)
         except KeyboardInterrupt:
             click.echo(f"stopped following {result.run_name}; it goes on (hpc-train status / hpc-train cancel "

@@ -20,12 +20,15 @@ from .status import is_over, run_status
 WAIT_POLL_S = 1.0
 
 
-def stream_rank0(result: SubmitResult, echo: Callable[[str], Any], poll_s: float = 0.5) -> None:
-    """Print rank 0's log lines as they come, until the run has ended (``--wait`` of one run)."""
+def stream_rank0(result: SubmitResult, echo: Callable[[str], Any], poll_s: float = 0.5,
+                 since: dict[Path, int] | None = None) -> None:
+    """Print rank 0's log lines as they come, until the run has ended (``--wait`` of one run); ``since``: where
+    each log ended before this launch (``--resume``: the earlier launches' lines are not printed again)."""
     if len(result.run_dirs) != 1:
         return  # an array or a local sweep: too many streams to interleave; wait_for reports
     run = load_run(Path(result.run_dirs[0]))
-    for line in follow_logs(run, 0, follow=True, poll_s=poll_s, is_done=lambda: is_over(run), prefix=False):
+    for line in follow_logs(run, 0, follow=True, poll_s=poll_s, is_done=lambda: is_over(run), prefix=False,
+                            since=since):
         echo(line)
 
 

@@ -300,12 +300,24 @@ def _new_chunks(path: Path, offsets: dict[Path, int]) -> Iterator[bytes]:
         yield data
 
 
+def log_sizes(run: Run, rank: int | None = None) -> dict[Path, int]:
+    """How long each of the run's logs is now (``submit --resume --wait`` follows only what the new launch adds)."""
+    sizes = {}
+    for _, path in log_files(run, rank):
+        try:
+            sizes[path] = os.lstat(path).st_size
+        except OSError:
+            continue
+    return sizes
+
+
 def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0,
-                is_done: Callable[[], bool] | None = None, prefix: bool = True) -> Iterator[str]:
+                is_done: Callable[[], bool] | None = None, prefix: bool = True,
+                since: dict[Path, int] | None = None) -> Iterator[str]:
     """Lines of the run's logs, each prefixed with its source; with ``follow``, keep reading until
-    the job has ended and no new lines arrive."""
+    the job has ended and no new lines arrive. ``since``: start each log there (its size before a launch)."""
     files = log_files(run, rank)
-    offsets = {path: 0 for _, path in files}
+    offsets = {path: (since or {}).get(path, 0) for _, path in files}
     while True:
         new = False
         for label, path in files:

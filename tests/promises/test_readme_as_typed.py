@@ -69,3 +69,20 @@ def test_submit_dry_run_json_prints_json(tmp_path, stub_slurm):
         assert shown["dry_run"] is True and shown["cluster"] == ("slurm" if args else "local")
         assert ("#!/bin/bash" in shown["script"]) == bool(args) and done.stderr == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_wait_prints_only_the_new_launch(tmp_path, stub_slurm):
+    # Was: `submit --resume RUN --wait` printed the previous launches' whole rank-0 log again before the new one's.
+    import sys
+
+    from tests.cli_helpers import cli
+
+    stub_slurm.remove("sbatch")
+    script = tmp_path / "say.py"
+    script.write_text("import os\nprint('launch', os.environ['HPC_TRAIN_RESTART'], flush=True)\n")
+    first = cli("submit", "--cluster", "local", "--tasks-per-node", "1", "--name", "say", "--wait", "--",
+                sys.executable, str(script), cwd=tmp_path, env=stub_slurm.env(), timeout=120)
+    assert first.returncode == 0 and "launch 0" in first.stdout, first.stderr
+    again = cli("submit", "--resume", "say", "--wait", cwd=tmp_path, env=stub_slurm.env(), timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "launch 0" not in again.stdout and "launch" in again.stdout, again.stdout
