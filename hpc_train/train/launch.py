@@ -146,7 +146,9 @@ def count_parameters(model) -> int:
 
 
 def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_params: int, steps: int,
-              crt_steps: int = 0) -> str:
+              crt_steps: int = 0, alone: bool = False) -> str:
+    """The plan of the job's launch (``world_size`` ranks); ``alone``: this process is not one of a launch's ranks,
+    so `train` here would run one process, which the plan says (it read as if `train` ran them all)."""
     from .observe.metrics import FEW_BELOW, MANY_ABOVE, group_sizes
 
     t = spec.train
@@ -166,6 +168,8 @@ def plan_text(spec: JobSpec, data, *, world_size: int, device_text: str, num_par
         f"{groups['medium']}, few (<{FEW_BELOW}) {groups['few']}",
         f"  world size     {world_size} ({spec.slurm.nodes} node(s) x {spec.slurm.ranks_per_node} rank(s)), "
         f"strategy {t.strategy}, device {device_text}",
+        *([f"  run here       the job's launch (submit, srun) has {world_size} ranks; `train` run alone here is one "
+           "process: world size 1"] if alone and world_size > 1 else []),
         f"  batch          global {t.batch_size}, per rank {t.batch_size // world_size}, "
         f"steps per epoch {steps} (sampler {t.sampler.name})",
         f"  batchnorm      {batchnorm.describe()}",
@@ -214,6 +218,27 @@ def _check_launcher(spec: JobSpec) -> DistEnv:
     return env
 
 
+def forward_once(model, data) -> None:
+    """One forward pass on a probe batch of the model's input shape, on the CPU: a backbone whose ``feature_dim``
+    is not what it gives, or that cannot take the data's images, is exit 2 naming it here, not a traceback at
+    step 1."""
+    probe = torch.zeros(2, data.in_channels, data.image_size, data.image_size)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(probe)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ConfigError(f"train.model: one forward pass on a probe batch {tuple(probe.shape)} failed: {first} "
+                          "(a plug-in's feature_dim must be what its backbone gives)") from None
+    finally:
+        model.train(was_training)
+    if tuple(logits.shape) != (2, data.num_classes):
+        raise ConfigError(f"train.model: a probe batch {tuple(probe.shape)} gave logits of shape "
+                          f"{tuple(logits.shape)}, not (2, {data.num_classes})")
+
+
 def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
     """Build data, model and loss and print the plan; nothing is trained or written."""
     from .data import datasets
@@ -227,6 +252,7 @@ def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
     if t.mixup_alpha and not data.in_memory:
         raise ConfigError(f"train.mixup_alpha mixes in-memory data sets; {data.name} streams from disk: set it to 0")
     model = init_model(t, data)
+    forward_once(model, data)
     counts = [int(c) for c in data.train_counts]
     for loss in (t.loss, *((t.two_stage.crt_loss,) if t.two_stage.crt_epochs else ())):
         build_loss(loss, counts)
@@ -241,7 +267,7 @@ def print_plan(spec: JobSpec, env: DistEnv) -> RunOutcome:
     if wants_cuda(spec) and not torch.cuda.is_available():
         device_text += " (not available on this machine: the ranks need it)"
     print(plan_text(spec, data, world_size=world, device_text=device_text, num_params=count_parameters(model),
-                    steps=steps, crt_steps=crt_steps), flush=True)
+                    steps=steps, crt_steps=crt_steps, alone=env.source == "single"), flush=True)
     return RunOutcome(0)
 
 
