@@ -65,7 +65,12 @@ def _check_recordable(run: Run) -> None:
 
 def _record_cancelled(run: Run) -> None:
     # The local runner ends the ranks when it sees this line; on Slurm it says who cancelled, which sacct cannot.
-    rundir.append_event(run.run_dir, rundir.CANCELLED, writer="hpc-train cancel", reason="cancelled by the user")
+    try:
+        rundir.append_event(run.run_dir, rundir.CANCELLED, writer="hpc-train cancel", reason="cancelled by the user")
+    except OSError as exc:  # a full disk: checked writable just before, the line itself did not fit
+        done = "" if run.cluster == "local" else f"job {run.job_id} was cancelled (scancel), but "
+        raise ConfigError(f"{run.name}: {done}the cancel could not be recorded in {run.run_dir / rundir.STATE_LOG} "
+                          f"({exc.strerror or exc})") from None
 
 
 def cancel_sweep(runs: Sequence[Run]) -> str:
