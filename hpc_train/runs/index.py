@@ -157,8 +157,8 @@ def load_run(run_dir: Path) -> Run:
     """The run of ``run_dir``; one whose run.json cannot be read is still listed, as unreadable (never taken
     for a plain ``sbatch``, whose job id the directory name would be: ``cancel`` would scancel that)."""
     path = run_dir / rundir.RUN_JSON
-    if not os.path.lexists(path):  # a plain `sbatch` of a rendered script: the directory layout says it all
-        return Run(run_dir, {"job_id": run_dir.name, "cluster": "slurm", "logs": rundir.own_logs(run_dir)})
+    if not os.path.lexists(path):  # a plain `sbatch` of a rendered script, or `hpc-train train` run alone
+        return _unrecorded_run(run_dir)
     try:
         record = safe_files.read_json(path)  # a regular file of bounded size: never a FIFO's hang
     except safe_files.RunFileError as exc:
@@ -171,6 +171,27 @@ def load_run(run_dir: Path) -> Run:
     if wrong:
         return Run(run_dir, {}, unreadable=f"{rundir.RUN_JSON} unreadable ({wrong})")
     return Run(run_dir=run_dir, record=record)
+
+
+_SLURM_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
+
+
+def _unrecorded_run(run_dir: Path) -> Run:
+    """A run no submit recorded: a plain ``sbatch`` of a rendered script (its directory is its Slurm job id), or
+    ``hpc-train train`` / ``python -m hpc_train.train`` run alone (``local-<time>``): no scheduler knows it, so it is
+    never asked about (it showed ``completed (slurm state UNKNOWN …)``), and its rank 0's pid tells whether it
+    still runs (one killed by SIGPIPE stayed ``running`` forever)."""
+    logs = rundir.own_logs(run_dir)
+    if _SLURM_JOB_ID.fullmatch(run_dir.name):
+        return Run(run_dir, {"job_id": run_dir.name, "cluster": "slurm", "logs": logs})
+    record: dict[str, Any] = {"job_id": run_dir.name, "cluster": "local", "logs": logs, "alone": True}
+    try:
+        rank0 = safe_files.read_json(run_dir / rundir.RANKS_DIR / "rank-0.json")
+        if isinstance(rank0, dict) and isinstance(rank0.get("pid"), int) and not isinstance(rank0["pid"], bool):
+            record["launcher_pid"] = rank0["pid"]
+    except (OSError, ValueError, safe_files.RunFileError):
+        pass
+    return Run(run_dir, record)
 
 
 _RECORD_TYPES: dict[str, tuple[type, ...]] = {

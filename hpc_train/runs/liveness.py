@@ -60,7 +60,8 @@ def is_alive(pid: int) -> bool:
         return False
     if not cmdline:  # between fork and exec
         return True
-    return RUNNER_MODULE.encode() in cmdline or b"hpc-train" in cmdline or b"hpc_train.cli" in cmdline
+    return any(name in cmdline for name in (RUNNER_MODULE.encode(), b"hpc-train", b"hpc_train.cli",
+                                            b"hpc_train.train"))  # the last: `python -m hpc_train.train` alone
 
 
 # --------------------------------------------------------------------------------------------------

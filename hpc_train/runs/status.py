@@ -58,7 +58,8 @@ def _local_state(run: Run, state: rundir.RunState) -> tuple[str, str]:
         return state.state or "unknown", state.reason
     pid = int(run.record.get("launcher_pid") or 0)
     if pid and not liveness.is_alive(pid):
-        return rundir.FAILED, f"its local launcher (pid {pid}) ended without recording how the run ended"
+        who = "its process" if run.record.get("alone") else "its local launcher"
+        return rundir.FAILED, f"{who} (pid {pid}) ended without recording how the run ended"
     return state.state or "unknown", state.reason
 
 

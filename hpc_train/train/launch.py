@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from .. import launch_env
 from ..config import JobSpec, dump_yaml
 from ..config.sync_bn import decide as batchnorm_decision
 from ..config.plugins import is_import_path
@@ -136,7 +137,7 @@ def rank_record(env: DistEnv, device) -> dict[str, Any]:
         "world_size": env.world_size, "local_world_size": env.local_world_size,
         "master_addr": env.master_addr, "master_port": env.master_port, "hostname": env.hostname,
         "source": env.source, "pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "device": str(device), "job_id": env.job_id, "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0),
+        "device": str(device), "job_id": env.job_id, "restart_count": launch_env.restart_count(os.environ, "SLURM_RESTART_COUNT"),
         "host": socket.gethostname(),
     }
 

@@ -96,3 +96,30 @@ def test_runs_are_listed_oldest_submission_first_and_a_sweeps_points_in_order(tm
         os.utime(run_dir, (1_000_000 + seconds, 1_000_000 + seconds))
     listed = [run.run_dir.name for run in run_index.all_runs(root)]
     assert listed == ["7_0", "7_1", "7_2", "7_10", "8"]
+
+
+def test_a_run_of_train_alone_is_never_asked_of_slurm_and_its_end_is_seen(tmp_path, on_stub_path):
+    # Issue 28, item 8: `hpc-train train` runs showed `completed (slurm state UNKNOWN...)`; one killed by SIGPIPE
+    # stayed `unknown`/`running` forever.
+    import subprocess
+    import sys
+
+    from hpc_train.front.status import run_status
+    from hpc_train.runs import rundir
+
+    done = tmp_path / "runs" / "demo" / "local-20260101-000000"
+    (done / "ranks").mkdir(parents=True)
+    (done / "job.yaml").write_text("name: demo\n")
+    rundir.append_event(done, rundir.RUNNING, instance="pid:1", restart=0)
+    rundir.append_event(done, rundir.COMPLETED, instance="pid:1", restart=0)
+    row = run_status(run_index.load_run(done))
+    assert row["state"] == "completed" and "slurm_state" not in row and on_stub_path.calls("squeue") == []
+    killed = tmp_path / "runs" / "demo" / "local-20260101-000001"
+    (killed / "ranks").mkdir(parents=True)
+    (killed / "job.yaml").write_text("name: demo\n")
+    gone = subprocess.Popen([sys.executable, "-c", "import hpc_train.train"])  # a trainer's cmdline, then it ends
+    gone.wait()
+    (killed / "ranks" / "rank-0.json").write_text(json.dumps({"rank": 0, "pid": gone.pid}))
+    rundir.append_event(killed, rundir.RUNNING, instance="pid:2", restart=0)
+    row = run_status(run_index.load_run(killed))
+    assert row["state"] == "failed" and f"its process (pid {gone.pid}) ended" in row["reason"]
