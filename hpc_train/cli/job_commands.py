@@ -132,27 +132,35 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
       hpc-train submit --resume cifar10-lt/4242 --chain 3
     """
     from ..front.follow import stream_rank0, wait_for
-    from ..front.status import run_state
     from ..front.submit import submit as submit_job
-    from ..runs.index import resolve_run
-    from ..runs.submission import continued_job_file, resumable, shared_filesystem_warning
 
-    resume_dir = None
-    job_file = None
+    resume_dir, job_file = None, None
     if resume:
         if kwargs.get("job"):
             raise ConfigError("give either JOB or --resume RUN (a resumed run keeps its own job)")
         if kwargs.get("sweeps") or kwargs.get("sweep_file"):
             raise ConfigError("--resume continues one run; it takes no --sweep")
-        run = resolve_run(resume, runs_root(kwargs.get("runs_dir")))
-        resumable(run.run_dir, run_state(run)[0])  # the state alone: no metrics or logs read
-        resume_dir, job_file = run.run_dir, continued_job_file(run.run_dir)
+        resume_dir, job_file = _continued_run(resume, kwargs.get("runs_dir"))
     resolved = resolve(kwargs, job_file)
+    if resume_dir is not None and job_file is not None:
+        _check_continuation(resume_dir, job_file, resolved)
     if dry_run:
+        if resume:
+            _check_not_live(resume, kwargs.get("runs_dir"))
         _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel"))
         return
-    result = submit_job(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
-                        resume_dir=resume_dir, chain=chain, snapshot=snapshot)
+    lock = _check_not_live(resume, kwargs.get("runs_dir"), lock=True) if resume else None
+    try:
+        result = submit_job(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
+                            resume_dir=resume_dir, chain=chain, snapshot=snapshot, locks=[lock.fd] if lock else [])
+    except BaseException:
+        if lock is not None:
+            lock.give_up()
+        raise
+    if lock is not None:
+        os.close(lock.fd)  # a local runner holds it now; a Slurm run's record says it is queued
+    from ..runs.submission import shared_filesystem_warning
+
     warning = shared_filesystem_warning(Path(result.run_dir)) if result.cluster == "slurm" else None
     for line in ([f"warning: {warning}"] if warning else []) + ([result.note] if result.note else []):
         if not as_json:
@@ -172,6 +180,44 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
             sys.exit(130)
         if not as_json:
             click.echo(f"{result.run_name} completed")
+
+
+def _continued_run(selector: str, runs_dir: str | None) -> tuple[Path, Path]:
+    """``--resume RUN``: its directory and job file."""
+    from ..runs.index import resolve_run
+    from ..runs.submission import continued_job_file
+
+    run = resolve_run(selector, runs_root(runs_dir))
+    return run.run_dir, continued_job_file(run.run_dir)
+
+
+def _check_not_live(selector: str, runs_dir: str | None, *, lock: bool = False) -> Any:
+    """Last, once the job is known good: no launch of the run is live (exit 2 naming the job that is, and the pid
+    that holds its launch lock). ``lock``: the check is made under the run's launch lock, returned held."""
+    from ..front.status import run_state
+    from ..runs import launch_lock
+    from ..runs.index import resolve_run
+    from ..runs.submission import resumable
+
+    run = resolve_run(selector, runs_root(runs_dir))
+    held = launch_lock.take(run.run_dir, run.name, run.job_id) if lock else None
+    try:
+        state, reason = run_state(run)  # the state alone: no metrics or logs read
+        resumable(run.name, run.job_id, state, reason)
+    except BaseException:
+        if held is not None:
+            held.give_up()
+        raise
+    return held
+
+
+def _check_continuation(run_dir: Path, job_file: Path, resolved: Any) -> None:
+    """Before anything is written: a --resume keeps what the run's checkpoints hold (runs.submission)."""
+    from ..config import read_text_file, spec_from_yaml_text
+    from ..runs.submission import check_continuation
+
+    old = spec_from_yaml_text(read_text_file(job_file), str(job_file))
+    check_continuation(f"{old.name}/{run_dir.name}", old, resolved.spec)
 
 
 @cli.command(context_settings=CONTEXT)
