@@ -134,27 +134,25 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
     from ..front.follow import stream_rank0, wait_for
     from ..front.submit import submit as submit_job
 
-    resume_dir, job_file = None, None
     if resume:
         if kwargs.get("job"):
             raise ConfigError("give either JOB or --resume RUN (a resumed run keeps its own job)")
         if kwargs.get("sweeps") or kwargs.get("sweep_file"):
             raise ConfigError("--resume continues one run; it takes no --sweep")
-        resume_dir, job_file = _continued_run(resume, kwargs.get("runs_dir"))
-    resolved = resolve(kwargs, job_file)
-    if resume_dir is not None and job_file is not None:
-        _check_continuation(resume_dir, job_file, resolved)
-    if dry_run:
-        if resume:
-            _check_not_live(resume, kwargs.get("runs_dir"))
-        _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel"))
-        return
-    lock = _check_not_live(resume, kwargs.get("runs_dir"), lock=True) if resume else None
+    lock = None
     try:
+        resume_dir, job_file, lock = _continued_run(resume, kwargs.get("runs_dir"), lock=not dry_run) \
+            if resume else (None, None, None)
+        resolved = resolve(kwargs, job_file)
+        if resume_dir is not None and job_file is not None:
+            _check_continuation(resume_dir, job_file, resolved)
+        if dry_run:
+            _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel"))
+            return
         result = submit_job(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
                             resume_dir=resume_dir, chain=chain, snapshot=snapshot, locks=[lock.fd] if lock else [])
     except BaseException:
-        if lock is not None:
+        if lock is not None:  # refused after all: the lock file says what it said before
             lock.give_up()
         raise
     if lock is not None:
@@ -182,33 +180,25 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
             click.echo(f"{result.run_name} completed")
 
 
-def _continued_run(selector: str, runs_dir: str | None) -> tuple[Path, Path]:
-    """``--resume RUN``: its directory and job file."""
-    from ..runs.index import resolve_run
-    from ..runs.submission import continued_job_file
-
-    run = resolve_run(selector, runs_root(runs_dir))
-    return run.run_dir, continued_job_file(run.run_dir)
-
-
-def _check_not_live(selector: str, runs_dir: str | None, *, lock: bool = False) -> Any:
-    """Last, once the job is known good: no launch of the run is live (exit 2 naming the job that is, and the pid
-    that holds its launch lock). ``lock``: the check is made under the run's launch lock, returned held."""
+def _continued_run(selector: str, runs_dir: str | None, *, lock: bool) -> tuple[Path, Path, Any]:
+    """``--resume RUN``: its directory and job file, once no launch of it is live (exit 2 naming the job that is,
+    and the pid that holds its launch lock). ``lock`` (not for a dry run): checked under the run's launch lock,
+    returned held (:mod:`hpc_train.runs.launch_lock`)."""
     from ..front.status import run_state
     from ..runs import launch_lock
     from ..runs.index import resolve_run
-    from ..runs.submission import resumable
+    from ..runs.submission import continued_job_file, resumable
 
     run = resolve_run(selector, runs_root(runs_dir))
     held = launch_lock.take(run.run_dir, run.name, run.job_id) if lock else None
     try:
         state, reason = run_state(run)  # the state alone: no metrics or logs read
         resumable(run.name, run.job_id, state, reason)
+        return run.run_dir, continued_job_file(run.run_dir), held
     except BaseException:
         if held is not None:
             held.give_up()
         raise
-    return held
 
 
 def _check_continuation(run_dir: Path, job_file: Path, resolved: Any) -> None:

@@ -124,7 +124,6 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
                 record = run_record(task_spec, resolved.sources, run_dir, job_id=run_dir.name, cluster="local",
                                     logs=rundir.own_logs(run_dir), submission=facts)
                 write_run_files(created, run_dir, task_spec, record, snapshot=snapshot)
-                created.paths.append(run_dir / launch_lock.LOCK_FILE)
                 taken.append(launch_lock.take(run_dir, f"{task_spec.name}/{run_dir.name}", run_dir.name).fd)
         held = list(locks) + taken
         launches = [launcher.as_dict(launcher.launch_for(s, d)) for s, d in zip(specs, run_dirs)]

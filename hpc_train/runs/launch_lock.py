@@ -8,7 +8,9 @@ open file's, so it passes without a moment unlocked), which holds it until its l
 the guard do not inherit it. A Slurm submission holds it while it queues; from then on the run's record (its job
 ``queued`` or ``running``, as squeue confirms) says the run is live.
 
-The file holds who holds it (``pid``, ``job_id``), for the refusal's words. It is opened without following a
+Every new run directory has the (empty) file from its submission (:func:`hpc_train.runs.submission.write_run_files`);
+a run made before launch locks gets it from its first continuation, and a refused one removes it again. The file
+holds who holds it (``pid``, ``job_id``), for the refusal's words. It is opened without following a
 symlink, and only a regular file is locked. A filesystem without flock (some NFS mounts) is said, not worked
 around: a run that cannot be locked is not launched.
 """
@@ -36,16 +38,21 @@ class Holder:
     job_id: str
 
 
-def _open(run_dir: Path) -> int:
+def _open(run_dir: Path) -> tuple[int, bool]:
+    """The lock file's descriptor, and whether this call created it."""
     path = Path(run_dir) / LOCK_FILE
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+        try:
+            fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            fd, created = os.open(path, flags), False
     except OSError as exc:
         raise ConfigError(f"cannot open {path}: {exc.strerror or exc} (it must be a regular file, not a link)") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ConfigError(f"{path} is not a regular file; remove it")
-    return fd
+    return fd, created
 
 
 def read_holder(fd: int) -> Holder | None:
@@ -70,11 +77,17 @@ class Held:
 
     fd: int
     previous: bytes
+    path: Path
+    created: bool
+    """The file did not exist (a run made before launch locks): a refusal removes it again."""
 
     def give_up(self) -> None:
         try:
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, self.previous, 0)
+            if self.created:
+                self.path.unlink(missing_ok=True)
+            else:
+                os.ftruncate(self.fd, 0)
+                os.pwrite(self.fd, self.previous, 0)
         finally:
             os.close(self.fd)
 
@@ -82,19 +95,21 @@ class Held:
 def take(run_dir: Path, run_name: str, job_id: str) -> Held:
     """The run's launch lock (closing its descriptor, or the holder's end, releases it), with this process and
     ``job_id`` written in; a run whose lock is held is refused (exit 2), naming the job and pid that hold it."""
-    fd = _open(run_dir)
+    fd, created = _open(run_dir)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         holder = read_holder(fd)
         os.close(fd)
+        if created:
+            (Path(run_dir) / LOCK_FILE).unlink(missing_ok=True)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             who = f"job {holder.job_id}, pid {holder.pid}" if holder else "another submission"
             raise ConfigError(f"{run_name} is live ({who} holds {LOCK_FILE}): wait for it to end, or "
                               f"hpc-train cancel {run_name}") from None
         raise ConfigError(f"cannot lock {Path(run_dir) / LOCK_FILE}: {exc.strerror or exc} (a filesystem without "
                           "flock cannot tell whether the run is live; use a runs directory on one that has it)") from None
-    held = Held(fd, os.pread(fd, 4096, 0))
+    held = Held(fd, os.pread(fd, 4096, 0), Path(run_dir) / LOCK_FILE, created)
     note_holder(fd, os.getpid(), job_id)
     return held
 

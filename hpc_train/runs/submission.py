@@ -19,6 +19,7 @@ from .. import __version__
 from ..config import JobSources, JobSpec, dump_yaml
 from ..errors import ConfigError
 from . import rundir
+from .launch_lock import LOCK_FILE
 from .undo import Created
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def write_run_files(created: Created, run_dir: Path, spec: JobSpec, record: Mapp
                     script: str | None = None, snapshot: Mapping[str, str] | None = None,
                     job_yaml: str | None = None) -> None:
     """A new run directory: the resolved job (config.json, job.yaml: ``job_yaml`` when the caller has it already),
-    run.json, the script, the code snapshot (``submit --snapshot``), ``queued``."""
+    run.json, the script, the code snapshot (``submit --snapshot``), the launch lock's file, ``queued``."""
     created.mkdir(run_dir / rundir.LOGS_DIR)
     for name, text in (snapshot or {}).items():
         created.write(run_dir / name, text)
@@ -136,6 +137,7 @@ def write_run_files(created: Created, run_dir: Path, spec: JobSpec, record: Mapp
     created.write(run_dir / rundir.CONFIG_JSON, json.dumps(spec.to_dict(), indent=2) + "\n")
     created.write(run_dir / rundir.JOB_YAML, dump_yaml(spec) if job_yaml is None else job_yaml)
     created.write(run_dir / rundir.RUN_JSON, json.dumps(record, indent=2) + "\n")
+    created.write(run_dir / LOCK_FILE, "")  # one launch at a time: launch_lock
     rundir.append_event(run_dir, rundir.QUEUED, writer="submit", job_id=record.get("job_id"))
 
 
