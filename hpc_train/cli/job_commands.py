@@ -99,7 +99,8 @@ def _local_plan(resolved: Any, resume_dir: Path | None, note: str) -> None:
 @click.option("--cluster", type=click.Choice(["auto", "slurm", "local"]), default="auto", show_default=True,
               envvar="HPC_TRAIN_CLUSTER", show_envvar=True,
               help="slurm: sbatch through submitit; local: processes on this machine; auto: slurm if sbatch is on PATH.")
-@click.option("--resume", "resume", metavar="RUN", help="Continue RUN (name/id, job id or path) in a new job.")
+@click.option("--resume", "resume", metavar="RUN", help="Continue RUN (name/id, job id or path) in a new job; refused "
+              "while a launch of it is live, and when --set would change what its checkpoints hold.")
 @click.option("--chain", type=click.IntRange(min=1, max=100), default=1, show_default=True,
               help="Queue N jobs, each starting after the previous ends and resuming the same run (no requeue needed).")
 @click.option("--dry-run", is_flag=True, help="Submit nothing; print what would run. Slurm: the script and Slurm's "

@@ -93,4 +93,6 @@ def _end_orphans(run: Run) -> str:
     if not pid or liveness.is_alive(pid):
         return ""
     ended = liveness.end_orphans(run.run_dir)
-    return f"; ended {len(ended)} process(es) its dead launcher left: pids {', '.join(map(str, ended))}" if ended else ""
+    if not ended:
+        return ""
+    return f"; ended {len(ended)} process(es) its dead launcher left: pids {', '.join(map(str, ended))}"

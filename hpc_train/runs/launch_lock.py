@@ -1,18 +1,18 @@
 """One launch per run at a time: ``.launch.lock`` in the run directory, flock'ed for the whole life of a launch.
 Torch-free, stdlib only.
 
-A submission takes the lock of every run directory it makes or continues before it writes anything there, and
-checks the run's state under it (``--resume`` of a live run is refused, naming its job and the pid that holds
-the lock; a refused one puts back what the file said). A local submission hands the locked file to its runner (an inherited descriptor: the lock is the
-open file's, so it passes without a moment unlocked), which holds it until its last launch ended; the ranks and
+A submission takes the lock of every run directory it makes or continues, and checks the run's state under it
+(``--resume`` of a live run is refused, naming its job and the pid that holds the lock; a refused one puts back
+what the file said). A local submission hands the locked file to its runner (an inherited descriptor: the lock is
+the open file's, so it passes without a moment unlocked), which holds it until its last launch ended; the ranks and
 the guard do not inherit it. A Slurm submission holds it while it queues; from then on the run's record (its job
 ``queued`` or ``running``, as squeue confirms) says the run is live.
 
 Every new run directory has the (empty) file from its submission (:func:`hpc_train.runs.submission.write_run_files`);
 a run made before launch locks gets it from its first continuation, and a refused one removes it again. The file
-holds who holds it (``pid``, ``job_id``), for the refusal's words. It is opened without following a
-symlink, and only a regular file is locked. A filesystem without flock (some NFS mounts) is said, not worked
-around: a run that cannot be locked is not launched.
+holds who holds it (``pid``, ``job_id``), for the refusal's words. It is opened without following a symlink, and
+only a regular file is locked. A filesystem without flock (some NFS mounts) is said, not worked around: a run that
+cannot be locked is not launched.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def _open(run_dir: Path) -> tuple[int, bool]:
         except FileExistsError:
             fd, created = os.open(path, flags), False
     except OSError as exc:
-        raise ConfigError(f"cannot open {path}: {exc.strerror or exc} (it must be a regular file, not a link)") from None
+        raise ConfigError(f"cannot open {path}: {exc.strerror or exc} (it must be a regular file, not a link)"
+                          ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ConfigError(f"{path} is not a regular file; remove it")
@@ -108,7 +109,8 @@ def take(run_dir: Path, run_name: str, job_id: str) -> Held:
             raise ConfigError(f"{run_name} is live ({who} holds {LOCK_FILE}): wait for it to end, or "
                               f"hpc-train cancel {run_name}") from None
         raise ConfigError(f"cannot lock {Path(run_dir) / LOCK_FILE}: {exc.strerror or exc} (a filesystem without "
-                          "flock cannot tell whether the run is live; use a runs directory on one that has it)") from None
+                          "flock cannot tell whether the run is live; use a runs directory on one that has it)"
+                          ) from None
     held = Held(fd, os.pread(fd, 4096, 0), Path(run_dir) / LOCK_FILE, created)
     note_holder(fd, os.getpid(), job_id)
     return held

@@ -104,7 +104,9 @@ def group_members(rank: RankProcess) -> list[int]:
         if not entry.name.isdigit():
             continue
         fields = _stat_fields(int(entry.name))
-        if fields and fields[0] not in ("Z", "X") and int(fields[2]) == rank.pid and int(fields[19]) >= rank.start_ticks:
+        if not fields or fields[0] in ("Z", "X"):
+            continue
+        if int(fields[2]) == rank.pid and int(fields[19]) >= rank.start_ticks:  # its group, started after it
             members.append(int(entry.name))
     return sorted(members)
 
