@@ -64,7 +64,7 @@ def test_checkpoint_on_the_signal_is_launched_again_and_resumes(tmp_path):
     status = json.loads(run("status", "checkpoint_on_signal", "--json", cwd=tmp_path).stdout)
     assert status["state"] == "completed" and status["restarts"] == 1
     events = [json.loads(line)["event"] for line in (run_dir / "state.jsonl").read_text().splitlines()]
-    assert events == ["queued", "running", "requeued", "running", "exit"]
+    assert events == ["queued", "running", "ranks", "requeued", "running", "ranks", "exit"]  # ranks: their pids
 
 
 def test_a_command_job_refuses_what_it_cannot_use(tmp_path):
