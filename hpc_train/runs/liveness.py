@@ -67,9 +67,7 @@ def is_alive(pid: int) -> bool:
 # A local launch's ranks: each leads a process group of its own, recorded in the state log
 # --------------------------------------------------------------------------------------------------
 
-RANKS_EVENT = "ranks"
-"""The local launcher's state line naming its ranks' processes (``ranks: [[rank, pid, start_ticks], ...]``);
-:func:`rundir.fold` passes over it."""
+RANKS_EVENT = rundir.RANKS_EVENT
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,9 @@ FINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, PREEMPTED})
 """No launch of this run is under way (``preempted`` can be continued with ``submit --resume``)."""
 EXIT = "exit"
 """The event of a launch's end: its exit code decides the state."""
+RANKS_EVENT = "ranks"
+"""The local launcher's line naming its ranks' processes (``ranks: [[rank, pid, start_ticks], ...]``): what
+``status`` and ``cancel`` check once the launcher died; :func:`fold` passes over it."""
 
 # Exit codes: of a rank, of the launch (srun or the local launcher), of the batch script -------------------
 EXIT_OK = 0

@@ -5,12 +5,14 @@ SIGTERM does (they checkpoint and exit 75: ``cancelled``, continue with --resume
 guard are both killed, the ranks die with their parent (the parent-death signal), ``status`` names the processes
 they left, ``--resume`` is refused, and ``cancel`` ends them. The ranks are torch-free (tests/scripts/supervised_rank.py)."""
 
+import datetime as dt
 import json
 import os
 import signal
 
 import pytest
 
+from hpc_train.runs.report import launch_seconds
 from tests.cli_helpers import assert_refused, cli
 from tests.unit.local.supervision import (alive, launcher_pid, leave_nothing, rank_pids, start_supervised,
                                           wait_ended,
@@ -70,3 +72,11 @@ def test_ranks_die_with_their_launcher_and_cancel_ends_what_they_left(tmp_path):
     assert result.returncode == 0 and "ended 2 process(es) its dead launcher left" in result.stdout, result.stdout
     wait_ended(children)
     assert status(tmp_path, name)["state"] == "cancelled"
+
+
+def test_a_launch_under_way_after_its_ranks_line_counts_to_now():
+    # The launcher's `ranks` line is the last one of a running command's launch: `report` still counts it as live.
+    events = [{"event": "running", "writer": "launcher", "instance": "local:r.0", "time": "2026-01-01T00:00:00+00:00"},
+              {"event": "ranks", "writer": "launcher", "instance": "local:r.0", "time": "2026-01-01T00:00:00+00:00"}]
+    started = dt.datetime.fromisoformat(events[0]["time"]).timestamp()
+    assert launch_seconds(events, now=started + 60) == 60
