@@ -27,7 +27,8 @@ def test_a_sigkilled_gloo_rank_is_named_not_the_peer_that_lost_it(tmp_path):
                180, "the first epoch evaluated")
     victim = json.loads((run_dir / "ranks" / "rank-1.json").read_text())["pid"]
     os.kill(victim, signal.SIGKILL)
-    wait_until(lambda: rundir.read_state(run_dir).final, 60, "the run ended")
+    # Until the launch's end (its exit line): rank 0's own failure line, written first, already reads as final.
+    wait_until(lambda: any(e["event"] == "exit" for e in rundir.read_events(run_dir)), 60, "the launch ended")
     found = json.loads(cli("status", out["run_name"], "--json", cwd=tmp_path).stdout)
     host = socket.gethostname()
     assert found["state"] == "failed" and found["reason"] == f"rank 1 on {host}: {SIGKILLED}", found
