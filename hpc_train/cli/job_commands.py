@@ -137,7 +137,8 @@ def _local_plan(resolved: Any, resume_dir: Path | None, note: str, plugins: list
 @click.option("--cluster", type=click.Choice(["auto", "slurm", "local"]), default="auto", show_default=True,
               envvar="HPC_TRAIN_CLUSTER", show_envvar=True,
               help="slurm: sbatch through submitit; local: processes on this machine; auto: slurm if sbatch is on PATH.")
-@click.option("--resume", "resume", metavar="RUN", help="Continue RUN (name/id, job id or path) in a new job.")
+@click.option("--resume", "resume", metavar="RUN", help="Continue RUN (name/id, job id or path) in a new job; refused "
+              "while a launch of it is live, and when --set would change what its checkpoints hold.")
 @click.option("--chain", type=click.IntRange(min=1, max=100), default=1, show_default=True,
               help="Queue N jobs, each starting after the previous ends and resuming the same run (no requeue needed).")
 @click.option("--dry-run", is_flag=True, help="Submit nothing; print what would run. Slurm: the script and Slurm's "
@@ -170,30 +171,38 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
       hpc-train submit --resume cifar10-lt/4242 --chain 3
     """
     from ..front.follow import stream_rank0, wait_for
-    from ..front.status import run_state
     from ..front.submit import submit as submit_job
-    from ..runs.index import resolve_run
     from ..runs.status import log_sizes
-    from ..runs.submission import continued_job_file, resumable, shared_filesystem_warning
 
-    resume_dir = None
-    job_file = None
     logged_before: dict[Path, int] = {}
     if resume is not None:
         if kwargs.get("job"):
             raise ConfigError("give either JOB or --resume RUN (a resumed run keeps its own job)")
         if kwargs.get("sweeps") or kwargs.get("sweep_file"):
             raise ConfigError("--resume continues one run; it takes no --sweep")
-        run = resolve_run(resume, runs_root(kwargs.get("runs_dir")))
-        resumable(run.run_dir, run_state(run)[0])  # the state alone: no metrics or logs read
-        resume_dir, job_file = run.run_dir, continued_job_file(run.run_dir)
-        logged_before = log_sizes(run, 0)  # --wait prints what this launch adds, not the earlier launches' log
-    resolved = resolve(kwargs, job_file)
-    if dry_run:
-        _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel")).show(as_json)
-        return
-    result = submit_job(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
-                        resume_dir=resume_dir, chain=chain, snapshot=snapshot)
+    lock = None
+    try:
+        run, job_file, lock = _continued_run(resume, kwargs.get("runs_dir"), lock=not dry_run) \
+            if resume is not None else (None, None, None)
+        resume_dir = run.run_dir if run is not None else None
+        resolved = resolve(kwargs, job_file)
+        if resume_dir is not None and job_file is not None:
+            _check_continuation(resume_dir, job_file, resolved)
+        if dry_run:
+            _dry_run(resolved, cluster, resume_dir, kwargs.get("max_parallel")).show(as_json)
+            return
+        if run is not None:
+            logged_before = log_sizes(run, 0)  # --wait prints what this launch adds, not the earlier launches' log
+        result = submit_job(resolved, cluster=cluster, max_parallel=kwargs.get("max_parallel"),  # type: ignore[arg-type]
+                            resume_dir=resume_dir, chain=chain, snapshot=snapshot, locks=[lock.fd] if lock else [])
+    except BaseException:
+        if lock is not None:  # refused after all: the lock file says what it said before
+            lock.give_up()
+        raise
+    if lock is not None:
+        os.close(lock.fd)  # a local runner holds it now; a Slurm run's record says it is queued
+    from ..runs.submission import shared_filesystem_warning
+
     warning = shared_filesystem_warning(Path(result.run_dir)) if result.cluster == "slurm" else None
     for line in ([f"warning: {warning}"] if warning else []) + ([result.note] if result.note else []):
         if not as_json:
@@ -213,6 +222,36 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
             sys.exit(130)
         if not as_json:
             click.echo(f"{result.run_name} completed")
+
+
+def _continued_run(selector: str, runs_dir: str | None, *, lock: bool) -> tuple[Any, Path, Any]:
+    """``--resume RUN``: the run and its job file, once no launch of it is live (exit 2 naming the job that is,
+    and the pid that holds its launch lock). ``lock`` (not for a dry run): checked under the run's launch lock,
+    returned held (:mod:`hpc_train.runs.launch_lock`)."""
+    from ..front.status import run_state
+    from ..runs import launch_lock
+    from ..runs.index import resolve_run
+    from ..runs.submission import continued_job_file, resumable
+
+    run = resolve_run(selector, runs_root(runs_dir))
+    held = launch_lock.take(run.run_dir, run.name, run.job_id) if lock else None
+    try:
+        state, reason = run_state(run)  # the state alone: no metrics or logs read
+        resumable(run.name, run.job_id, state, reason)
+        return run, continued_job_file(run.run_dir), held
+    except BaseException:
+        if held is not None:
+            held.give_up()
+        raise
+
+
+def _check_continuation(run_dir: Path, job_file: Path, resolved: Any) -> None:
+    """Before anything is written: a --resume keeps what the run's checkpoints hold (runs.submission)."""
+    from ..config import read_text_file, spec_from_yaml_text
+    from ..runs.submission import check_continuation
+
+    old = spec_from_yaml_text(read_text_file(job_file), str(job_file))
+    check_continuation(f"{old.name}/{run_dir.name}", old, resolved.spec)
 
 
 @cli.command(context_settings=CONTEXT)

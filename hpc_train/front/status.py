@@ -9,7 +9,7 @@ import os
 from typing import Any, Sequence
 
 from ..errors import ConfigError
-from ..runs import rundir, safe_files
+from ..runs import liveness, rundir, safe_files
 from ..runs import status as folded
 from ..runs.index import Run
 from ..runs.scheduler_job import SchedulerJob
@@ -102,4 +102,18 @@ def cancel_run(run: Run) -> str:
     if run.cluster != "local":
         slurm_cli.cancel(run.job_id)
     _record_cancelled(run)
-    return f"cancelled {run.name} ({'local run' if run.cluster == 'local' else 'job ' + run.job_id})"
+    if run.cluster == "local":
+        return f"cancelled {run.name} (local run{_end_orphans(run)})"
+    return f"cancelled {run.name} (job {run.job_id})"
+
+
+def _end_orphans(run: Run) -> str:
+    """A local run whose launcher died while its ranks ran: nobody else will end them (its live runner does,
+    seeing the cancel line)."""
+    pid = int(run.record.get("launcher_pid") or 0)
+    if not pid or liveness.is_alive(pid):
+        return ""
+    ended = liveness.end_orphans(run.run_dir)
+    if not ended:
+        return ""
+    return f"; ended {len(ended)} process(es) its dead launcher left: pids {', '.join(map(str, ended))}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 from ..config import JobSpec, Resolved
 from ..errors import ConfigError, SubmitError
@@ -40,13 +40,15 @@ def choose_cluster(requested: Cluster, spec: JobSpec) -> tuple[Literal["slurm", 
 
 def submit(resolved: Resolved, *, cluster: Cluster = "auto", cwd: Path | None = None, interpreter: str | None = None,
            max_parallel: int | None = None, resume_dir: Path | None = None, chain: int = 1,
-           snapshot: bool = False) -> SubmitResult:
+           snapshot: bool = False, locks: Sequence[int] = ()) -> SubmitResult:
     """Submit and return at once; :func:`hpc_train.front.follow.wait_for` follows the runs to their end.
 
     ``resolved.sweep``: a run per point (on Slurm, job arrays). ``resume_dir``: continue that run directory in a
     new job. ``chain``: that many jobs (launches, locally), each starting after the previous one ended and resuming
     the same run directory — for sites without requeue. ``snapshot``: record the submit directory's code (git SHA,
-    uncommitted diff) in each new run directory.
+    uncommitted diff) in each new run directory. ``locks``: the launch lock of ``resume_dir``, held
+    (:mod:`hpc_train.runs.launch_lock`): a local runner holds it on for its launches; a Slurm run's record does once
+    its job is queued.
     """
     chosen, note = choose_cluster(cluster, resolved.spec)
     check_writable()  # the run index: before anything is queued
@@ -56,7 +58,8 @@ def submit(resolved: Resolved, *, cluster: Cluster = "auto", cwd: Path | None = 
     if chosen == "local":
         from ..local.plan import submit_local
 
-        result = submit_local(resolved, cwd=cwd, resume_dir=resume_dir, chain=chain, note=note, snapshot=code)
+        result = submit_local(resolved, cwd=cwd, resume_dir=resume_dir, chain=chain, note=note, snapshot=code,
+                              locks=locks)
     else:
         from ..slurm.queue import queue
 

@@ -6,7 +6,15 @@ A launch:
 * records ``running`` in the run's state log, starts the ranks with the rank environment (``RANK``,
   ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT`` of its
   own, ``HPC_TRAIN_RUN_DIR``) plus ``slurm.env``, each logging to ``logs/rank-N.log``;
-* ends the others when one rank fails (srun's ``--kill-on-bad-exit``), naming it in ``logs/batch.log``;
+* ends the others when one rank fails (srun's ``--kill-on-bad-exit``), naming the rank that ended first, by
+  the time it ended (the others' "connection closed by peer" is a consequence), with its signal when one killed
+  it (SIGKILL: what the out-of-memory killer sends), in ``logs/batch.log`` and in the state log;
+* is the ranks' supervisor, as slurmstepd is: each rank leads a process group of its own and gets SIGKILL from
+  the kernel when the launcher's thread that started it dies (a parent-death signal), and a guard process
+  (:mod:`.guard`) ends every rank's process group and records the failure when the launcher dies without ending
+  them (SIGKILL); SIGTERM or SIGINT to the local runner reach the ranks as ``scancel`` does (SIGTERM, the trainer
+  checkpoints, SIGKILL after :data:`KILL_WAIT_S`) and the run is recorded ``cancelled``, saying whether the ranks
+  checkpointed;
 * sends ``slurm.signal`` ``signal_delay_s`` before ``slurm.time`` and ends the ranks at it (locally; under
   Slurm, Slurm does, and the runner forwards the signal to the ranks);
 * ends the ranks when the run is cancelled (``hpc-train cancel`` records it; the launcher sees it);
@@ -22,13 +30,16 @@ run directory, port, logs, checkpoints and state); the others one after another.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import datetime as _dt
+import functools
 import os
 import signal
 import socket
 import subprocess
 import threading
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +48,7 @@ from typing import Any, Sequence
 from ..rank.heartbeat import HANG_TIMEOUT_ENV
 from ..rank.preempt import signal_number  # USR2, SIGUSR2 or 12, as the ranks read slurm.signal
 from ..runs import liveness, rundir
+from . import guard as guard_module
 from . import hang_actions
 
 POLL_S = 0.2
@@ -70,6 +82,20 @@ class Launch:
 _live: set[subprocess.Popen] = set()
 _live_lock = threading.Lock()
 _received: list[str] = []
+_stop: list[str] = []
+"""The signal that told the local runner to stop (``SIGTERM``, ``SIGINT``): its launches end their ranks."""
+
+PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork: the child only calls it
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a rank between fork and exec: SIGKILL from the kernel when the thread that started it ends (the
+    launcher's launch thread, which supervises it until it ends), so a SIGKILLed launcher leaves no rank behind.
+    A launcher that died before this line ran is not seen by it: then the rank leaves at once."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(128 + signal.SIGKILL)
 
 
 def _free_port() -> int:
@@ -110,18 +136,71 @@ def _signal_all(procs: Sequence[subprocess.Popen], signum: int) -> None:
 
 
 def _end_all(procs: Sequence[subprocess.Popen], wait_s: float = KILL_WAIT_S) -> None:
+    """SIGTERM to the ranks, SIGKILL to their process groups after ``wait_s`` (Slurm's KillWait): nothing of a
+    rank (its data workers, a command's own children) is left."""
     _signal_all(procs, signal.SIGTERM)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(POLL_S)
-    _signal_all(procs, signal.SIGKILL)
-    for proc in procs:
-        proc.wait()
+    hang_actions.kill_groups(procs)
 
 
 def _exit_code(returncode: int) -> int:
     """A process's exit status as a shell reports it (killed by signal N: 128 + N)."""
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def how_it_ended(returncode: int) -> str:
+    """A rank's end as the batch log says it (srun's words for an exit code; a signal named, never "Killed",
+    which names the ranks srun itself ended)."""
+    if returncode >= 0:
+        return f"Exited with exit code {returncode}"
+    number = -returncode
+    name = signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+    oom = ", as the out-of-memory killer does" if number == signal.SIGKILL else ""
+    return f"ended by {name} (signal {number}{oom})"
+
+
+class EndOrder:
+    """When each rank's process ended, as it happened: a thread per rank waits for it (a poll every
+    :data:`POLL_S` would see a rank killed first and the peer that then lost its connection in the same poll)."""
+
+    def __init__(self, procs: Sequence[subprocess.Popen]) -> None:
+        self.procs = list(procs)
+        self.ended: list[int] = []
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._wait, args=(rank, proc), daemon=True, name=f"rank-{rank}-end")
+                         for rank, proc in enumerate(self.procs)]
+        for thread in self._threads:
+            thread.start()
+
+    def join(self) -> None:
+        """Until every rank has ended and been counted."""
+        for thread in self._threads:
+            thread.join()
+
+    def _wait(self, rank: int, proc: subprocess.Popen) -> None:
+        proc.wait()
+        with self._lock:
+            self.ended.append(rank)
+
+    def first_failed(self) -> int | None:
+        """The rank that ended first with a failure (not 0, not 75), by when it ended."""
+        with self._lock:
+            order = list(self.ended)
+        return next((r for r in order if self.procs[r].returncode not in (0, rundir.EXIT_CHECKPOINTED)), None)
+
+
+class FirstFailure(Exception):
+    """A rank failed: the one that ended first, and how."""
+
+    def __init__(self, rank: int, returncode: int) -> None:
+        super().__init__(f"task {rank}: {how_it_ended(returncode)}")
+        self.rank, self.returncode = rank, returncode
+
+    @property
+    def code(self) -> int:
+        return _exit_code(self.returncode)
 
 
 class Hung(Exception):
@@ -133,23 +212,26 @@ class Hung(Exception):
 
 
 def _supervise(procs: list[subprocess.Popen], launch: Launch, batch_log: Any, instance: str = "") -> int:
-    """Wait for the ranks; the launch's exit code (the first failing rank's, as srun reports it). Raises
-    :class:`Hung` when the watchdog ended them."""
+    """Wait for the ranks; the launch's exit code. Raises :class:`FirstFailure` when a rank failed (the launch's
+    code is then the first failing rank's, as srun reports it) and :class:`Hung` when the watchdog ended them."""
     run_dir = Path(launch.run_dir)
     started, last_check, signalled = time.monotonic(), 0.0, False
-    host = socket.gethostname()
+    order = EndOrder(procs)
     watch = liveness.Watch(launch.world_size, launch.hang_timeout_s, instance)
     # Poll every rank each time (a generator in any() stops at the first live one, and a failure of a later
     # rank would go unseen until the earlier ones ended).
     while any([p.poll() is None for p in procs]):
         now = time.monotonic()
-        failed = [(rank, _exit_code(p.returncode)) for rank, p in enumerate(procs)
-                  if p.returncode not in (None, 0, rundir.EXIT_CHECKPOINTED)]
-        if failed:
-            rank, code = failed[0]
-            _log(batch_log, f"error: {host}: task {rank}: Exited with exit code {code}")
+        first = order.first_failed()
+        if first is not None:
+            _log(batch_log, f"error: {socket.gethostname()}: task {first}: {how_it_ended(procs[first].returncode)}")
             _end_all(procs, wait_s=5.0)  # like srun --kill-on-bad-exit
-            return code
+            raise FirstFailure(first, procs[first].returncode)
+        if _stop:
+            _log(batch_log, f"the local launcher got {_stop[0]}: sending SIGTERM to the ranks (as scancel does), "
+                            f"SIGKILL after {KILL_WAIT_S:.0f} s")
+            _end_all(procs)
+            return max(_exit_code(p.returncode) for p in procs)
         if now - last_check > 0.5:
             last_check = now
             if rundir.read_state(run_dir).state == rundir.CANCELLED:
@@ -174,12 +256,12 @@ def _supervise(procs: list[subprocess.Popen], launch: Launch, batch_log: Any, in
             _end_all(procs)
             return 128 + signal.SIGTERM
         time.sleep(POLL_S)
-    codes = [_exit_code(p.returncode) for p in procs]
-    for rank, code in enumerate(codes):
-        if code not in (0, rundir.EXIT_CHECKPOINTED):
-            _log(batch_log, f"error: {host}: task {rank}: Exited with exit code {code}")
-            return code
-    return max(codes)
+    order.join()
+    first = order.first_failed()
+    if first is not None:
+        _log(batch_log, f"error: {socket.gethostname()}: task {first}: {how_it_ended(procs[first].returncode)}")
+        raise FirstFailure(first, procs[first].returncode)
+    return max(_exit_code(p.returncode) for p in procs)
 
 
 def _instance(launch: Launch, launches: int) -> tuple[str, int]:
@@ -188,6 +270,83 @@ def _instance(launch: Launch, launches: int) -> tuple[str, int]:
     if os.environ.get("SLURM_JOB_ID"):
         return rundir.instance_of()
     return f"local:{launch.run_id}.{launches}", launches
+
+
+def _start_ranks(launch: Launch, python: str, cwd: str, port: int, instance: str) -> list[subprocess.Popen]:
+    """The ranks, each logging to its file, leading a process group of its own (the watchdog and the guard end
+    a rank with its data workers) and dying with the thread that starts them (:func:`die_with_parent`)."""
+    run_dir = Path(launch.run_dir)
+    command = [python, "-u", "-m", launch.entry, "--resolved", str(run_dir / rundir.JOB_YAML)]
+    procs = []
+    for rank in range(launch.world_size):
+        with open(run_dir / rundir.RANK_LOG.format(rank=rank), "ab") as rank_log:
+            procs.append(subprocess.Popen(command, env=rank_environment(launch, rank, port, instance), cwd=cwd,
+                                          stdin=subprocess.DEVNULL, stdout=rank_log, stderr=subprocess.STDOUT,
+                                          process_group=0, preexec_fn=functools.partial(die_with_parent, os.getpid())))
+    return procs
+
+
+def _start_guard(launch: Launch, instance: str, restart: int, procs: Sequence[subprocess.Popen]) -> subprocess.Popen:
+    """The guard that ends the ranks if this launcher dies first (:mod:`.guard`), told who they are; and the
+    ranks' processes in the state log, for ``status`` and ``cancel``."""
+    ranks = [liveness.RankProcess(rank, p.pid, liveness.start_ticks(p.pid)) for rank, p in enumerate(procs)]
+    guard = subprocess.Popen([sys.executable, "-m", "hpc_train.local.guard", launch.run_dir, instance, str(restart),
+                              str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert guard.stdin is not None
+    guard.stdin.write("".join(f"{r.rank} {r.pid} {r.start_ticks}\n" for r in ranks))
+    guard.stdin.flush()
+    rundir.append_event(launch.run_dir, liveness.RANKS_EVENT, writer="launcher", instance=instance, restart=restart,
+                        launcher_pid=os.getpid(), ranks=[[r.rank, r.pid, r.start_ticks] for r in ranks])
+    return guard
+
+
+def _release_guard(guard: subprocess.Popen) -> None:
+    """The launch ended as it should: the guard leaves without doing anything."""
+    try:
+        assert guard.stdin is not None
+        guard.stdin.write(guard_module.DONE + "\n")
+        guard.stdin.close()
+    except OSError:
+        pass  # the guard was ended by someone: nothing for it to do anyway
+    guard.wait()
+
+
+def _record_first_failure(launch: Launch, failure: FirstFailure, instance: str, restart: int) -> None:
+    """The first failing rank, named for the run's state (its own failure line, when it wrote one, says why)."""
+    host = socket.gethostname()
+    rundir.append_event(launch.run_dir, rundir.FAILED, writer="launcher", instance=instance, restart=restart,
+                        rank=failure.rank, host=host, exit_code=failure.code, first_rank=failure.rank,
+                        reason=f"rank {failure.rank} on {host}: {how_it_ended(failure.returncode)}")
+
+
+def _record_stop(launch: Launch, code: int, instance: str, restart: int) -> None:
+    """The runner was told to stop (SIGTERM, SIGINT): ``cancelled``, saying whether the ranks checkpointed."""
+    outcome = ("the ranks checkpointed (exit 75)" if code == rundir.EXIT_CHECKPOINTED
+               else f"the ranks were ended (exit {code})")
+    rundir.append_event(launch.run_dir, rundir.CANCELLED, writer="launcher", instance=instance, restart=restart,
+                        exit_code=code, reason=f"the local launcher got {_stop[0]}; {outcome}")
+
+
+def _run_ranks(launch: Launch, python: str, cwd: str, batch_log: Any, instance: str, restart: int,
+               port: int) -> tuple[int, str | None]:
+    """Start the ranks with their guard, supervise them to their end; (exit code, the hang's reason or None)."""
+    procs = _start_ranks(launch, python, cwd, port, instance)
+    guard = _start_guard(launch, instance, restart, procs)
+    with _live_lock:
+        _live.update(procs)
+    hung = None
+    try:
+        code = _supervise(procs, launch, batch_log, instance)
+    except Hung as exc:
+        hung, code = exc.reason, rundir.EXIT_HUNG
+    except FirstFailure as failure:
+        _record_first_failure(launch, failure, instance, restart)
+        code = failure.code
+    finally:
+        with _live_lock:
+            _live.difference_update(procs)
+    _release_guard(guard)
+    return code, hung
 
 
 def run_launch(launch: Launch, python: str, cwd: str) -> int:
@@ -201,29 +360,20 @@ def run_launch(launch: Launch, python: str, cwd: str) -> int:
             return 128 + signal.SIGTERM
         launches = sum(1 for e in events if e.get("event") == rundir.RUNNING and e.get("writer") == "launcher")
         instance, restart = _instance(launch, launches)
+        if _stop:
+            _log(batch_log, f"the local launcher got {_stop[0]} before this launch started")
+            _record_stop(launch, 128 + signal.SIGTERM, instance, restart)
+            return 128 + signal.SIGTERM
         rundir.append_event(run_dir, rundir.RUNNING, writer="launcher", instance=instance, restart=restart,
                             job_id=launch.run_id, pid=os.getpid())
         port = _free_port()
         _log(batch_log, f"local launch {launches} of {launch.run_id}: {launch.world_size} rank(s), "
                         f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port}")
-        command = [python, "-u", "-m", launch.entry, "--resolved", str(run_dir / rundir.JOB_YAML)]
-        procs = []
-        for rank in range(launch.world_size):
-            with open(run_dir / rundir.RANK_LOG.format(rank=rank), "ab") as rank_log:
-                # A process group per rank: the watchdog kills a hung rank with its data workers.
-                procs.append(subprocess.Popen(command, env=rank_environment(launch, rank, port, instance), cwd=cwd,
-                                              stdin=subprocess.DEVNULL, stdout=rank_log, stderr=subprocess.STDOUT,
-                                              process_group=0))
-        with _live_lock:
-            _live.update(procs)
-        hung = None
-        try:
-            code = _supervise(procs, launch, batch_log, instance)
-        except Hung as exc:
-            hung, code = exc.reason, rundir.EXIT_HUNG
-        finally:
-            with _live_lock:
-                _live.difference_update(procs)
+        code, hung = _run_ranks(launch, python, cwd, batch_log, instance, restart, port)
+        if _stop:
+            _log(batch_log, f"ranks exited with status {code}")
+            _record_stop(launch, code, instance, restart)
+            return code
         if hung is not None and launches < launch.hang_requeues and not _received_term():
             _log(batch_log, f"hung: launching it again from its last checkpoint (restart {launches + 1} of at most "
                             f"{launch.hang_requeues})")
@@ -291,6 +441,17 @@ def forward_signals(names: Sequence[str]) -> None:
 
     for name in dict.fromkeys(names):
         signal.signal(signal_number(name), forward)
+
+
+def stop_on_signals() -> None:
+    """The local runner's SIGTERM and SIGINT: its launches end their ranks as ``scancel`` does and record the run
+    ``cancelled``; no later launch of its plan starts (the handler only notes the signal)."""
+
+    def stop(signum: int, _frame: object) -> None:
+        _stop.append(signal.Signals(signum).name)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
 
 
 def launch_for(spec, run_dir: Path, *, under_slurm: bool = False) -> Launch:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ConfigError
-from ..runs import rundir
+from ..runs import launch_lock, rundir
 from ..runs.liveness import RUNNER_MODULE
 from . import launcher
 
@@ -96,8 +96,10 @@ def new_run_ids(count: int) -> list[str]:
 
 
 def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None = None, chain: int = 1,
-                 note: str = "", snapshot: dict[str, str] | None = None):
-    """Write the run directories and start the local launcher; returns at once (like sbatch)."""
+                 note: str = "", snapshot: dict[str, str] | None = None, locks: Sequence[int] = ()):
+    """Write the run directories and start the local launcher; returns at once (like sbatch). The runner is handed
+    the launch lock of every run it launches (``locks``: the continued run's, taken by the caller; a new run's,
+    taken here) and holds it until its last launch ended (:mod:`hpc_train.runs.launch_lock`)."""
     from ..config import dump_yaml
     from ..runs.submission import SubmitResult, continue_run_record, run_record, submission_facts, write_run_files
     from ..runs.undo import Created
@@ -109,6 +111,7 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
     group = rundir.run_group(rundir.runs_root(spec.runs_dir, cwd), spec.name)
     created = Created()
     created.mkdir(group)
+    taken: list[int] = []  # the new runs' locks (the caller closes its own)
     try:
         if resume_dir is not None:
             run_dirs = [resume_dir]
@@ -121,18 +124,25 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
                 record = run_record(task_spec, resolved.sources, run_dir, job_id=run_dir.name, cluster="local",
                                     logs=rundir.own_logs(run_dir), submission=facts)
                 write_run_files(created, run_dir, task_spec, record, snapshot=snapshot)
+                taken.append(launch_lock.take(run_dir, f"{task_spec.name}/{run_dir.name}", run_dir.name).fd)
+        held = list(locks) + taken
         launches = [launcher.as_dict(launcher.launch_for(s, d)) for s, d in zip(specs, run_dirs)]
         launches += [launches[-1]] * (chain - 1)  # a chain: the same run again, resuming
         plan = group / f".local-plan-{run_dirs[0].name}.json"
         created.write(plan, json.dumps({"launches": launches, "python": sys.executable, "cwd": str(cwd),
-                                        "pack": spec.slurm.pack}))
+                                        "pack": spec.slurm.pack,
+                                        "locks": [[fd, d.name] for fd, d in zip(held, run_dirs)]}))
         with open(run_dirs[0] / rundir.BATCH_LOG, "a", encoding="utf-8") as launcher_log:
             proc = subprocess.Popen([sys.executable, "-m", RUNNER_MODULE, str(plan)], cwd=cwd,
                                     stdin=subprocess.DEVNULL, stdout=launcher_log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # not ended by the terminal, like a Slurm job
+                                    start_new_session=True,  # not ended by the terminal, like a Slurm job
+                                    pass_fds=held)  # the locks: the runner holds them from here on
     except BaseException:
         created.undo()
         raise
+    finally:
+        for fd in taken:
+            os.close(fd)
     for run_dir in run_dirs:
         _note_launcher(run_dir, proc.pid)
     together = f"{spec.slurm.pack} at a time" if spec.slurm.pack > 1 else "one after another"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..rank import preempt
-from ..runs import rundir
+from ..runs import launch_lock, rundir
 from . import launcher
 
 
@@ -60,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
               "writes the plan and runs this)", file=sys.stderr)
         return rundir.EXIT_BAD_INPUT
     plan = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    for fd, run_id in plan.get("locks", []):  # handed over by submit, held until this process ends
+        os.set_inheritable(fd, False)  # never a rank's or the guard's
+        launch_lock.note_holder(fd, os.getpid(), run_id)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal does not end the runs (Slurm's do not)
+    launcher.stop_on_signals()  # SIGTERM, SIGINT: end the ranks as scancel does, record the runs cancelled
     launches = [launcher.Launch(**item) for item in plan["launches"]]
     codes = launcher.run_launches(launches, plan["python"], plan["cwd"], pack=int(plan.get("pack", 1)))
     Path(args[0]).unlink(missing_ok=True)

@@ -65,6 +65,94 @@ def is_alive(pid: int) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
+# A local launch's ranks: each leads a process group of its own, recorded in the state log
+# --------------------------------------------------------------------------------------------------
+
+RANKS_EVENT = rundir.RANKS_EVENT
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """A rank's process, told apart from a later process that got the same pid by its start time."""
+
+    rank: int
+    pid: int
+    start_ticks: int
+    """Field 22 of ``/proc/PID/stat``: when the process started, in clock ticks since boot."""
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name (field 3 on), or None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_ticks(pid: int) -> int:
+    """When ``pid`` started (clock ticks since boot); 0 once it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else 0
+
+
+def group_members(rank: RankProcess) -> list[int]:
+    """The live processes of the rank's process group (the rank, its data workers, a command's children): those
+    whose group is the rank's pid and that started no earlier than the rank (not a later owner of the number)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if not fields or fields[0] in ("Z", "X"):
+            continue
+        if int(fields[2]) == rank.pid and int(fields[19]) >= rank.start_ticks:  # its group, started after it
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def signal_groups(ranks: Sequence[RankProcess], signum: int) -> None:
+    """``signum`` to every rank's process group that still has members."""
+    for rank in ranks:
+        if group_members(rank):
+            try:
+                os.killpg(rank.pid, signum)
+            except OSError:
+                pass  # ended meanwhile
+
+
+def launched_ranks(events: Sequence[Mapping[str, Any]]) -> list[RankProcess]:
+    """The ranks the last local launch recorded (its :data:`RANKS_EVENT` line); none before any."""
+    for event in reversed(events):
+        if event.get("event") == RANKS_EVENT:
+            try:
+                return [RankProcess(int(r), int(p), int(t)) for r, p, t in event.get("ranks") or []]
+            except (TypeError, ValueError):
+                return []
+    return []
+
+
+def orphans(run_dir: Path) -> list[int]:
+    """Processes of the last local launch's ranks that still run (after its launcher died, nothing should)."""
+    return [pid for rank in launched_ranks(rundir.read_events(Path(run_dir))) for pid in group_members(rank)]
+
+
+def end_groups(ranks: Sequence[RankProcess], wait_s: float = 5.0) -> list[int]:
+    """SIGTERM to the ranks' process groups, SIGKILL after ``wait_s`` (KillWait); the pids that were alive."""
+    alive = [pid for rank in ranks for pid in group_members(rank)]
+    signal_groups(ranks, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(group_members(r) for r in ranks):
+        time.sleep(0.1)
+    signal_groups(ranks, signal.SIGKILL)
+    return alive
+
+
+def end_orphans(run_dir: Path) -> list[int]:
+    """``cancel`` of a run whose launcher died while its ranks ran: :func:`end_groups` of its last launch."""
+    return end_groups(launched_ranks(rundir.read_events(Path(run_dir))))
+
+
+# --------------------------------------------------------------------------------------------------
 # Heartbeats: whether the ranks advance
 # --------------------------------------------------------------------------------------------------
 

@@ -88,7 +88,7 @@ def launch_seconds(events: Sequence[Mapping[str, Any]], now: float | None = None
             spans[instance][1] = max(spans[instance][1], when)
             ended |= {instance} if event.get("event") in (rundir.EXIT, rundir.REQUEUED, rundir.CANCELLED) else set()
     if spans and (last := max(spans, key=lambda i: spans[i][0])) not in ended and events[-1].get("event") in (
-            rundir.RUNNING, rundir.QUEUED):
+            rundir.RUNNING, rundir.QUEUED, rundir.RANKS_EVENT):  # still under way
         spans[last][1] = max(spans[last][1], time.time() if now is None else now)
     return sum(end - start for start, end in spans.values())
 

@@ -67,6 +67,9 @@ FINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, PREEMPTED})
 """No launch of this run is under way (``preempted`` can be continued with ``submit --resume``)."""
 EXIT = "exit"
 """The event of a launch's end: its exit code decides the state."""
+RANKS_EVENT = "ranks"
+"""The local launcher's line naming its ranks' processes (``ranks: [[rank, pid, start_ticks], ...]``): what
+``status`` and ``cancel`` check once the launcher died; :func:`fold` passes over it."""
 
 # Exit codes: of a rank, of the launch (srun or the local launcher), of the batch script -------------------
 EXIT_OK = 0
@@ -205,11 +208,12 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
 
     A line of another launch than the current one starts afresh (a requeue, a continuation), and so does a
     ``queued`` line after the run ended (``submit --resume`` of a cancelled or preempted run: its launch has not
-    started yet); within a launch the first failure is the reason, a cancel is final, and the exit code says
-    how it ended."""
+    started yet); within a launch the first failure is the reason (where the local launcher names the rank that
+    ended first, that rank's), a cancel is final, and the exit code says how it ended."""
     state: str | None = None
     reason, exit_code, restart, updated, instance = "", None, 0, "", None
     progress: dict[str, Any] = {}
+    rank_failures: dict[Any, Mapping[str, Any]] = {}  # this launch's first failure line of each rank
     for event in events:
         name = event.get("event")
         updated = str(event.get("time", updated))
@@ -217,6 +221,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
         if event.get("instance") not in (None, instance):
             instance, restart = event["instance"], int(event.get("restart") or 0)
             state, reason, exit_code = RUNNING, "", None
+            rank_failures = {}
         if name == QUEUED:
             if state is None or state in FINAL_STATES:  # a new job continues an ended run (--resume, --chain)
                 state, reason, exit_code = QUEUED, "", None
@@ -227,7 +232,14 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
         elif name == RUNNING:
             if state in (None, QUEUED, REQUEUED, RUNNING):
                 state = RUNNING
+        elif name == FAILED and event.get("first_rank") is not None:
+            # The launcher names the rank that ended first: its own line says why, if it wrote one (a rank killed
+            # by a signal could not); a peer's "connection closed" written before it is a consequence.
+            own = rank_failures.get(event["first_rank"], event)
+            state, reason, exit_code = FAILED, str(own.get("reason", "")), own.get("exit_code", event.get("exit_code"))
         elif name == FAILED:
+            if event.get("rank") is not None:
+                rank_failures.setdefault(event["rank"], event)
             if state != FAILED:  # the first failing rank is the reason
                 state, reason, exit_code = FAILED, str(event.get("reason", "")), event.get("exit_code")
         elif name in (COMPLETED, PREEMPTED, REQUEUED):

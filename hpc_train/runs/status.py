@@ -58,6 +58,10 @@ def _local_state(run: Run, state: rundir.RunState) -> tuple[str, str]:
         return state.state or "unknown", state.reason
     pid = int(run.record.get("launcher_pid") or 0)
     if pid and not liveness.is_alive(pid):
+        left = liveness.orphans(run.run_dir)
+        if left:  # not ended: cancel ends them, and --resume waits for that
+            return rundir.RUNNING, (f"its local launcher (pid {pid}) ended, but processes of its ranks still run "
+                                    f"(pids {', '.join(map(str, left))}); hpc-train cancel {run.name} ends them")
         who = "its process" if run.record.get("alone") else "its local launcher"
         return rundir.FAILED, f"{who} (pid {pid}) ended without recording how the run ended"
     return state.state or "unknown", state.reason

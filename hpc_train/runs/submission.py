@@ -20,6 +20,7 @@ from .. import __version__
 from ..config import JobSources, JobSpec, dump_yaml
 from ..errors import ConfigError
 from . import rundir, safe_files
+from .launch_lock import LOCK_FILE
 from .undo import Created
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def write_run_files(created: Created, run_dir: Path, spec: JobSpec, record: Mapp
                     script: str | None = None, snapshot: Mapping[str, str] | None = None,
                     job_yaml: str | None = None) -> None:
     """A new run directory: the resolved job (config.json, job.yaml: ``job_yaml`` when the caller has it already),
-    run.json, the script, the code snapshot (``submit --snapshot``), ``queued``."""
+    run.json, the script, the code snapshot (``submit --snapshot``), the launch lock's file, ``queued``."""
     created.mkdir(run_dir / rundir.LOGS_DIR)
     for name, text in (snapshot or {}).items():
         created.write(run_dir / name, text)
@@ -137,6 +138,7 @@ def write_run_files(created: Created, run_dir: Path, spec: JobSpec, record: Mapp
     created.write(run_dir / rundir.CONFIG_JSON, json.dumps(spec.to_dict(), indent=2) + "\n")
     created.write(run_dir / rundir.JOB_YAML, dump_yaml(spec) if job_yaml is None else job_yaml)
     created.write(run_dir / rundir.RUN_JSON, json.dumps(record, indent=2) + "\n")
+    created.write(run_dir / LOCK_FILE, "")  # one launch at a time: launch_lock
     rundir.append_event(run_dir, rundir.QUEUED, writer="submit", job_id=record.get("job_id"))
 
 
@@ -153,10 +155,45 @@ def continue_run_record(run_dir: Path, job_id: str, logs: Mapping[str, str]) -> 
     rundir.append_event(run_dir, rundir.QUEUED, writer="submit", job_id=job_id)
 
 
-def resumable(run_dir: Path, state: str) -> None:
-    """A run can be continued once no launch of it is queued or running."""
+def resumable(run_name: str, job_id: str, state: str, reason: str = "") -> None:
+    """A run can be continued once no launch of it is queued or running (checked under its launch lock:
+    :mod:`.launch_lock`); the refusal names the job that is live."""
     if state not in rundir.FINAL_STATES and state != "unknown":
-        raise ConfigError(f"{run_dir} is {state}; wait for it to end (or hpc-train cancel it) before --resume")
+        why = f": {reason}" if reason else ""
+        raise ConfigError(f"{run_name} is {state} (job {job_id}){why}; wait for it to end, or hpc-train cancel "
+                          f"{run_name}, before --resume")
+
+
+CHECKPOINT_SHAPE = (("train", "model"), ("train", "data", "name"), ("train", "data", "num_classes"),
+                    ("train", "data", "args"), ("train", "optim", "name"), ("command",))
+"""What a run's checkpoints hold the shape of (the model's weights, the classes, the optimizer's state), or what
+the run is (its command): a ``--resume`` that changes one of them could only be refused by the ranks, after
+``job.yaml`` was rewritten; it is refused before anything is written."""
+
+
+def _leaves(value: Any, key: str) -> dict[str, Any]:
+    """``{"train.model.name": "small_cnn", ...}``: a mapping's values by dotted key."""
+    if isinstance(value, Mapping):
+        return {k: v for name, item in value.items() for k, v in _leaves(item, f"{key}.{name}").items()}
+    return {key: value}
+
+
+def _value(data: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        data = data.get(key) if isinstance(data, Mapping) else None
+    return data
+
+
+def check_continuation(run_name: str, old: JobSpec, new: JobSpec) -> None:
+    """A ``--resume`` keeps what the run's checkpoints hold (:data:`CHECKPOINT_SHAPE`); else exit 2 naming the key."""
+    before, after = old.to_dict(), new.to_dict()
+    for path in CHECKPOINT_SHAPE:
+        was, now = _leaves(_value(before, path), ".".join(path)), _leaves(_value(after, path), ".".join(path))
+        changed = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
+        if changed:
+            key = changed[0]
+            raise ConfigError(f"--resume {run_name} cannot change {key} ({was.get(key)!r} -> {now.get(key)!r}): the "
+                              "run's checkpoints hold what it was; a new run (submit the job) starts afresh")
 
 
 def continued_job_file(run_dir: Path) -> Path:

@@ -13,6 +13,8 @@ class Created:
 
     def __init__(self) -> None:
         self.paths: list[Path] = []
+        self.replaced: list[tuple[Path, str]] = []
+        """Files that existed (a continued run's job.yaml), with what they held: put back on undo."""
 
     def mkdir(self, path: Path, hint: str = "choose another runs directory (--runs-dir)") -> Path:
         """``mkdir -p`` that remembers what it made; an impossible directory is a ConfigError (exit 2)."""
@@ -38,10 +40,12 @@ class Created:
         """Write a file whole (atomically); an impossible write undoes everything and is exit 2."""
         existed = path.exists()
         try:
+            if existed:
+                self.replaced.append((path, path.read_text(encoding="utf-8")))
             rundir.write_text_atomic(path, text)
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:
             self.undo()
-            raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+            raise ConfigError(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}") from None
         if not existed:
             self.paths.append(path)
 
@@ -57,6 +61,12 @@ class Created:
         self.paths.append(path)
 
     def undo(self) -> None:
+        for path, old in reversed(self.replaced):
+            try:
+                rundir.write_text_atomic(path, old)
+            except OSError:
+                pass  # the undo of a failed write: the error that started it is the one reported
+        self.replaced.clear()
         for path in reversed(self.paths):
             try:
                 path.rmdir() if path.is_dir() else path.unlink()

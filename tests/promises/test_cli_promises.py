@@ -161,8 +161,8 @@ def test_resume_refuses_a_run_that_still_runs(tmp_path, stub_slurm):
     stub_slurm.answer("squeue", "4242|RUNNING|None|0:10|gpu01\n")
     before = tree(tmp_path)
     result = cli("submit", "--resume", "demo/4242", cwd=tmp_path, env=stub_slurm.env(HOME=str(tmp_path)))
-    assert_refused(result, "is running; wait for it to end")
-    assert tree(tmp_path) == before and stub_slurm.calls("sbatch") == []
+    assert_refused(result, "demo/4242 is running (job 4242); wait for it to end")
+    assert tree(tmp_path) == before and stub_slurm.calls("sbatch") == []  # no launch lock file left either
 
 
 def test_hpc_train_train_is_the_ranks_entrypoint_and_takes_example_names(tmp_path):

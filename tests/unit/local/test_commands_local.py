@@ -32,7 +32,7 @@ def test_ranks_get_the_mapping_and_argv_as_typed_and_a_failing_rank_is_named(tmp
     assert result.returncode == 1, result.stdout + result.stderr
     assert time.monotonic() - started < 20  # the other ranks (sleeping 30 s) were ended when rank 2 failed
     host = socket.gethostname()
-    assert f"failed: exit code 7; rank 2 on {host}: Exited with exit code 7" in result.stderr
+    assert f"failed: rank 2 on {host}: Exited with exit code 7" in result.stderr  # the launcher names it
     run_dir = only_run_dir(tmp_path, "show_rank")
     seen = [json.loads((run_dir / f"seen-{rank}.json").read_text()) for rank in range(3)]
     assert [s["argv"] for s in seen] == [["2", *HOSTILE]] * 3  # no shell, no YAML reading
@@ -44,7 +44,7 @@ def test_ranks_get_the_mapping_and_argv_as_typed_and_a_failing_rank_is_named(tmp
     assert {(e["HPC_TRAIN_RESTART"], e["HPC_TRAIN_SIGNAL"], e["HPC_TRAIN_EXIT_REQUEUE"]) for e in env} == {("0", "USR2", "75")}
     status = json.loads(run("status", "show_rank", "--json", cwd=tmp_path).stdout)
     assert status["state"] == "failed" and status["exit_code"] == 7
-    assert status["first_failure"] == f"rank 2 on {host}: Exited with exit code 7"
+    assert status["reason"] == f"rank 2 on {host}: Exited with exit code 7"
     assert json.loads((run_dir / "ranks" / "rank-1.json").read_text())["command"][2:] == ["2", *HOSTILE]
 
 
@@ -64,7 +64,7 @@ def test_checkpoint_on_the_signal_is_launched_again_and_resumes(tmp_path):
     status = json.loads(run("status", "checkpoint_on_signal", "--json", cwd=tmp_path).stdout)
     assert status["state"] == "completed" and status["restarts"] == 1
     events = [json.loads(line)["event"] for line in (run_dir / "state.jsonl").read_text().splitlines()]
-    assert events == ["queued", "running", "requeued", "running", "exit"]
+    assert events == ["queued", "running", "ranks", "requeued", "running", "ranks", "exit"]  # ranks: their pids
 
 
 def test_a_command_job_refuses_what_it_cannot_use(tmp_path):
