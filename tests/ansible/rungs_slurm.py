@@ -140,9 +140,10 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
     nodes_files = {h: conf_lines(cluster, h, "hpc-train-gpu-nodes.conf") for h in CLASSIC}
     ladder.check("real_slurm/classic: the NodeName file is on every host, the same everywhere",
                  len({tuple(lines) for lines in nodes_files.values()}) == 1 and nodes_files["login01"], json.dumps(nodes_files))
-    ladder.check("real_slurm/classic: the nodes' cgroup.conf keys set, the site's own line kept",
+    ladder.check("real_slurm/classic: the nodes' cgroup.conf keys set where the site set none, the site's own lines and its "
+                 "ConstrainRAMSpace=no kept",
                  all(set(conf_lines(cluster, h, "cgroup.conf")) == {"CgroupPlugin=autodetect", "ConstrainCores=yes", "ConstrainDevices=yes",
-                                                                     "ConstrainRAMSpace=yes"} for h in NODES),
+                                                                     "ConstrainRAMSpace=no"} for h in NODES),
                  str({h: conf_lines(cluster, h, "cgroup.conf") for h in NODES}))
     nodes = start_slurm(cluster)
     config = cluster.in_host(cluster.controller, "scontrol", "show", "config").stdout

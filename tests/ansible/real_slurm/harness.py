@@ -90,7 +90,8 @@ class RealSlurm:
                 (etc / "slurm" / "slurm.conf").write_text(self.site_slurm_conf(configless))
                 if not configless:
                     (etc / "slurm" / SITE_INCLUDE_FILE).write_text(self.site_include())
-                (etc / "slurm" / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
+                # The site's memory policy: the roles add the keys it did not set, never change this one.
+                (etc / "slurm" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nConstrainRAMSpace=no\n")
             if kind == "node" and configless:
                 (etc / "sysconfig").mkdir()
                 (etc / "sysconfig" / "slurmd").write_text(f'SLURMD_OPTIONS="--conf-server {CONTROLLER_IP}:{CTLD_PORT}"\n')
