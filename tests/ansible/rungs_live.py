@@ -54,7 +54,10 @@ def live_change(ladder, venv: Path) -> None:
     def play(label: str, slurm: dict, *extra: str, tags: str = "driver", limit: str = "el9-image", module_loads: bool = True,
              units: dict | None = None) -> tuple[subprocess.CompletedProcess, list[dict], dict]:
         kernel = (root / "etc" / "hpc-train-stand-in" / "running-kernel").read_text().strip()
-        lib.write_state(slurm_state, {"calls": [], "jobs": [], "polls_until_done": 0, "units": units or {}, **slurm,
+        # stackhpc's openhpc role's ReturnToService=2, and a ResumeTimeout longer than a boot (gpu_preflight refuses a
+        # Slurm reboot under a shorter one; the check rung shows that).
+        lib.write_state(slurm_state, {"calls": [], "jobs": [], "polls_until_done": 0, "units": units or {},
+                                      "config": {"ReturnToService": "2", "ResumeTimeout": "900 sec"}, **slurm,
                                       "machine": {"root": str(root), "kernel": kernel, "loaded_version_file": str(loaded),
                                                   "boot_id_file": str(boot_id), "module_loads": module_loads}})
         record = lib.WORK / f"live-{label}.jsonl"
@@ -128,10 +131,18 @@ def drain_and_change(ladder, node) -> None:
     result, records, slurm = play("3-rerun-reboots", {"node": slurm["node"]}, "-e", "gpu_stack_driver_flavor=open",
                                   "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
     reboots = [c for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "reboot"]]
-    ladder.check("live/rerun with a reboot allowed: Slurm reboots the node once (scontrol reboot ASAP nextstate=DOWN)",
-                 result.returncode == 0 and [c["argv"] for c in reboots]
-                 == [["scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason=hpc-train: reboot into NVIDIA driver {old}", "gpu01"]],
-                 f"rc={result.returncode} reboots={reboots}\n{lib.tail(result.stdout, 15)}")
+    hold = [c for c in updates_of(slurm) if c["argv"][3:] == ["State=DRAIN", f"Reason=hpc-train: reboot into NVIDIA driver {old}"]]
+    ladder.check("live/rerun with a reboot allowed: held with a DRAIN and the reboot's reason, then Slurm reboots the node once "
+                 "(scontrol reboot, no nextstate)",
+                 result.returncode == 0 and [c["argv"] for c in reboots] == [["scontrol", "reboot", "gpu01"]]
+                 and len(hold) == 1 and hold[0]["time"] < reboots[0]["time"],
+                 f"rc={result.returncode} reboots={reboots} hold={hold}\n{lib.tail(result.stdout, 15)}")
+    installed = root / "etc" / "hpc-train" / "nvidia-driver-installed"
+    ladder.check("live/the installed driver is recorded for the gpu_health check in the node's own batch",
+                 installed.exists() and installed.read_text() == f"{old}\n", installed.read_text() if installed.exists() else "missing")
+    unchecked = in_service_between(slurm, reboots[0]["time"] if reboots else 0, (resumed(slurm) or [float("inf")])[0])
+    ladder.check("live/ReturnToService=2: the rebooted node is back drained, never in service before its driver is checked",
+                 reboots and unchecked == [], f"in service unchecked: {unchecked}; history={slurm.get('history')}")
     ladder.check("live/after the reboot the driver is checked (nvidia-smi) and only then the node resumed",
                  len(resumed(slurm)) == 1 and reboots and resumed(slurm)[0] > reboots[0]["time"]
                  and slurm["node"] == {"name": "gpu01", "state": "IDLE", "reason": ""} and "Open Kernel Module" in loaded.read_text()
@@ -211,12 +222,26 @@ def rollback_to_550(ladder, node) -> None:
                  f"stream={lib.module_stream(root)} lock={lock} modules={lib.built_modules(root, IMAGE_KERNEL)}")
     reboots = call_times(slurm, "scontrol", "reboot")
     drained = [c["time"] for c in slurm["calls"] if c["argv"][:3] == ["scontrol", "update", "NodeName=gpu-a01"] and "State=DRAIN" in c["argv"]]
-    ladder.check("live/rollback: drained (mapped NodeName), rebooted by Slurm, checked, resumed",
-                 len(drained) == 1 and len(reboots) == 1 and len(resumed(slurm)) == 1 and drained[0] < reboots[0] < resumed(slurm)[0]
+    ladder.check("live/rollback: drained (mapped NodeName), held across the reboot, rebooted by Slurm, checked, resumed",
+                 len(drained) == 2 and len(reboots) == 1 and len(resumed(slurm)) == 1 and drained[0] < reboots[0] < resumed(slurm)[0]
                  and slurm["node"] == {"name": "gpu-a01", "state": "IDLE", "reason": ""} and f"  {rollback}  " in loaded.read_text(),
                  f"drain={drained} reboot={reboots} resume={resumed(slurm)} node={slurm['node']}")
 
     node.pins = rollback_pins
+
+
+def updates_of(slurm: dict) -> list[dict]:
+    return [c for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "update"]]
+
+
+def in_service_between(slurm: dict, start: float, end: float) -> list[dict]:
+    """The node's states between two times in which Slurm could have started a job on it (neither DRAIN nor DOWN)."""
+    return [h for h in slurm.get("history", []) if start <= h["time"] < end and not any(x in h["state"] for x in ("DRAIN", "DOWN"))]
+
+
+def held_for_reboot(slurm: dict, version: str) -> bool:
+    """Back from a reboot through Slurm still drained, with the reason this role gave the reboot."""
+    return slurm["node"]["state"] == "IDLE+DRAIN" and slurm["node"]["reason"] == f"hpc-train: reboot into NVIDIA driver {version}"
 
 
 def updates(slurm: dict) -> list[list[str]]:
@@ -267,17 +292,17 @@ def boot_kernel(ladder, node) -> dict:
     ladder.check("live/rebooted but the driver did not load: the host fails (the rollout stops), the node stays out of service",
                  result.returncode != 0 and failure.get("msg", "").startswith("nvidia_driver: el9-image rebooted but runs no NVIDIA driver, "
                                                                              f"not the installed driver {rollback} (open)")
-                 and not resumed(slurm) and slurm["node"]["state"] == "DOWN", f"rc={result.returncode} {failure.get('msg', '')}\nnode={slurm['node']}")
+                 and not resumed(slurm) and held_for_reboot(slurm, rollback), f"rc={result.returncode} {failure.get('msg', '')}\nnode={slurm['node']}")
 
     # 8. The reboot again, now the module loads, on an NVSwitch node whose fabric manager did not finish: not resumed.
     lib.write_state(gpu_state, {"loaded_version_file": str(loaded), "gpus": 8, "fabric": ["In Progress", "N/A"]})
     result, records, slurm = play("8-fabric-manager-failed", {"node": slurm["node"]}, *rollback_pins,
                                   "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
     failure = lib.first_failure(records, "el9-image") or {}
-    ladder.check("live/fabric manager not ready after the reboot: stopped with a clear message, node left DOWN",
+    ladder.check("live/fabric manager not ready after the reboot: stopped with a clear message, node left drained",
                  failure.get("msg", "").startswith("nvidia_driver: the GPU fabric of el9-image is not ready")
                  and "error 802" in failure.get("msg", "") and len(call_times(slurm, "scontrol", "reboot")) == 1
-                 and f"  {rollback}  " in loaded.read_text() and not resumed(slurm) and slurm["node"]["state"] == "DOWN",
+                 and f"  {rollback}  " in loaded.read_text() and not resumed(slurm) and held_for_reboot(slurm, rollback),
                  f"{failure.get('msg', '')}\nnode={slurm['node']}")
     return slurm
 
@@ -348,16 +373,15 @@ def rollout_stops(ladder, node, slurm: dict) -> None:
                  not any(r["host"] == "el9-image-b" and r["task"].startswith("nvidia_driver") for r in records),
                  str(sorted({r["task"] for r in records if r["host"] == "el9-image-b"})[:8]))
 
-    # 11. Its reboot handed to Slurm: scontrol reboot ASAP nextstate=DOWN, no drain wait; Slurm reboots the idle node,
-    #     which comes back DOWN with gpu_health's reboot reason (the real_slurm rung shows gpu_health resuming it).
+    # 11. Its reboot handed to Slurm: held with a DRAIN and gpu_health's reboot reason, then scontrol reboot, no drain
+    #     wait; Slurm reboots the idle node, which comes back drained (the real_slurm rung shows gpu_health resuming it).
     result, records, slurm = play("11-reboot-asap-resume", {"node": slurm["node"]}, *rollback_pins, "-e", "gpu_stack_driver_flavor=proprietary",
                                   "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm_asap",
                                   "-e", "gpu_stack_health_check_program=/usr/libexec/hpc-train/gpu-health-check")
     reboots = [c["argv"] for c in slurm["calls"] if c["argv"][:2] == ["scontrol", "reboot"]]
-    ladder.check("live/reboot_method slurm_asap: one scontrol reboot ASAP nextstate=DOWN with gpu_health's reboot reason, no job wait; "
-                 "the node comes back DOWN (never in service unchecked)",
-                 result.returncode == 0 and reboots == [["scontrol", "reboot", "ASAP", "nextstate=DOWN",
-                                                         f"reason={lib.GPU_HEALTH_REBOOT_REASON} into NVIDIA driver {rollback}", "gpu-a01"]]
-                 and call_times(slurm, "squeue") == [] and slurm["node"]["state"] == "DOWN"
-                 and slurm["node"]["reason"].startswith(lib.GPU_HEALTH_REBOOT_REASON),
+    ladder.check("live/reboot_method slurm_asap: held with a DRAIN and gpu_health's reboot reason, one scontrol reboot, no job wait; "
+                 "under ReturnToService=2 the node comes back drained with that reason (never in service unchecked)",
+                 result.returncode == 0 and reboots == [["scontrol", "reboot", "gpu-a01"]]
+                 and call_times(slurm, "squeue") == [] and slurm["node"]["state"] == "IDLE+DRAIN"
+                 and slurm["node"]["reason"] == f"{lib.GPU_HEALTH_REBOOT_REASON} into NVIDIA driver {rollback}",
                  f"rc={result.returncode} reboots={reboots} node={slurm['node']}\n{lib.tail(result.stdout, 10)}")

@@ -1,10 +1,14 @@
-"""The real_slurm rung: what the roles write for Slurm, read by Slurm 22.05 itself (slurmctld, slurmd, sbatch,
+"""The real_slurm rung: what the roles write for Slurm, read by Slurm 22.05 itself (another release's binaries with
+$HPC_TRAIN_REAL_SLURM_BIN; the check names the version that ran) (slurmctld, slurmd, sbatch,
 scontrol) on the ladder's own small cluster (real_slurm/): a controller, GPU nodes gpu01 and gpu02 (Slurm NodeName
 gpu-b02) with 4 fake GPUs each, and a login host, each in its own namespaces with its own /etc/slurm.
 
-classic     every host reads its own slurm.conf: check mode writes nothing (DCGM on, not installed); a run limited to
-            gpu01 and the login host refuses gpu01's NHC HealthCheckProgram and gives the login host no Include of a
-            file it lacks; site.yml --tags slurm; then the real slurmctld and slurmd (started as EL's units start them,
+classic     every host reads its own slurm.conf, which keeps GresTypes and PropagateResourceLimits in a site file it
+            includes (Include site-%c.conf): check mode writes nothing (DCGM on, not installed); a run limited to
+            gpu01 and the login host refuses gpu01's NHC HealthCheckProgram (set in its included file) and gives the
+            login host no Include of a file it lacks; a run on gpu02, whose included file defines its NodeName, is
+            refused; site.yml --tags slurm sets each key in the file the site set it in (real slurmctld reports
+            GresTypes=bandwidth,gpu); then the real slurmctld and slurmd (started as EL's units start them,
             without -N: slurmd finds its NodeName by its host name) register both nodes with their GPUs; a job
             submitted from the login host with a 64 KiB shell MEMLOCK runs with slurmd's unlimited one; the gpu_health
             check run by the real slurmd drains a node with a lost GPU (by Slurm's Gres count) or an ECC error (reason
@@ -28,10 +32,11 @@ import time
 from pathlib import Path
 
 import ladder_lib as lib
-from real_slurm.harness import RealSlurm
+from real_slurm.harness import SITE_INCLUDE, SITE_INCLUDE_FILE, RealSlurm
 
 NODES = {"gpu01": "gpu01", "gpu02": "gpu-b02"}  # host -> Slurm NodeName
 HEALTH_CHECK = "/run/hpc-train/gpu-health-check"
+INSTALLED_DRIVER = "/run/hpc-train/nvidia-driver-installed"  # what nvidia_driver writes for the check (in /run here)
 SMI_TIMEOUT_S = 3  # what the health check gives nvidia-smi here (gpu_health_command_timeout_s)
 CLASSIC = {"slurmctl": "controller", "gpu01": "node", "gpu02": "node", "login01": "login"}
 CONFIGLESS = {"slurmctl": "controller", "gpu01": "node", "gpu02": "node"}
@@ -72,7 +77,8 @@ def play(cluster: RealSlurm, venv: Path, label: str, *extra: str, limit: str = "
                       # given 3 s; no DCGM. Deployed for 8 GPUs (one image for 4- and 8-GPU nodes): it must go by Slurm's 4.
                       "-e", f"gpu_stack_health_check_program={HEALTH_CHECK}", "-e", "slurm_gpu_node_health_check_interval_s=2",
                       "-e", f"gpu_health_command_timeout_s={SMI_TIMEOUT_S}", "-e", "gpu_health_expected_gpus=8",
-                      "-e", "gpu_health_dcgm=false", *extra, "slurm_site.yml"], env, lib.WORK / "logs" / f"real-slurm-{label}.log")
+                      "-e", "gpu_health_dcgm=false", "-e", f"gpu_health_expected_driver_file={INSTALLED_DRIVER}",
+                      *extra, "slurm_site.yml"], env, lib.WORK / "logs" / f"real-slurm-{label}.log")
     return result, lib.read_records(record)
 
 
@@ -110,28 +116,43 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
                            "-e", f"gpu_health_driver_version_file={cluster.base / 'driver-gpu01'}", limit="slurmctl,gpu01,gpu02")
     ladder.check("real_slurm/classic, check mode (DCGM on, not installed yet): runs, writes nothing, restarts nothing",
                  result.returncode == 0 and all(conf_lines(cluster, h) == site.splitlines() for h in CLASSIC)
+                 and all(conf_lines(cluster, h, SITE_INCLUDE_FILE) == cluster.site_include().splitlines() for h in CLASSIC)
                  and all(c["argv"][:1] == ["is-active"] for c in cluster.calls())
                  and not (cluster.root("gpu01") / "etc" / "slurm" / "gres.conf").exists(),
                  f"rc={result.returncode} calls={cluster.calls()}\n{lib.tail(result.stdout)}")
 
     limited_canary(ladder, venv, cluster, site)
+    duplicate_nodename(ladder, venv, cluster)
 
     result, records = play(cluster, venv, "2-classic")
     ladder.check("real_slurm/classic: site.yml --tags slurm succeeds on the controller, both GPU nodes and the login host",
                  result.returncode == 0, f"{failures(records)}\n{lib.tail(result.stdout, 20)}")
-    wanted = {"GresTypes=bandwidth,gpu", "PropagateResourceLimitsExcept=MEMLOCK", "Include hpc-train-gpu-nodes.conf"}
-    files = {h: conf_lines(cluster, h) for h in CLASSIC}
-    ladder.check("real_slurm/classic: every host that reads a slurm.conf got the same keys (and the same file)",
-                 all(wanted <= set(lines) and not any(line.startswith("PropagateResourceLimits=") for line in lines) for lines in files.values())
-                 and len({tuple(lines) for lines in files.values()}) == 1, json.dumps({h: l[-5:] for h, l in files.items()}))
+    # The site keeps GresTypes and PropagateResourceLimits in its included file: the keys are set there, not appended to
+    # slurm.conf after the Include (Slurm keeps a key's latest value: an appended GresTypes=gpu would drop bandwidth).
+    wanted = {"PropagateResourceLimitsExcept=MEMLOCK", "Include hpc-train-gpu-nodes.conf", f"Include {SITE_INCLUDE}"}
+    files = {h: conf_lines(cluster, h) + ["--- include"] + conf_lines(cluster, h, SITE_INCLUDE_FILE) for h in CLASSIC}
+    ladder.check("real_slurm/classic: every host that reads a slurm.conf got the same keys (and the same files), each key in the "
+                 "file the site set it in: GresTypes in its included file, MEMLOCK's exception in slurm.conf, "
+                 "PropagateResourceLimits dropped from the included file",
+                 all(wanted <= set(conf_lines(cluster, h)) and not any(line.lower().startswith("grestypes") for line in conf_lines(cluster, h))
+                     and conf_lines(cluster, h, SITE_INCLUDE_FILE) == ["GresTypes=bandwidth,gpu"] for h in CLASSIC)
+                 and len({tuple(lines) for lines in files.values()}) == 1, json.dumps({h: l[-8:] for h, l in files.items()}))
     nodes_files = {h: conf_lines(cluster, h, "hpc-train-gpu-nodes.conf") for h in CLASSIC}
     ladder.check("real_slurm/classic: the NodeName file is on every host, the same everywhere",
                  len({tuple(lines) for lines in nodes_files.values()}) == 1 and nodes_files["login01"], json.dumps(nodes_files))
-    ladder.check("real_slurm/classic: the nodes' cgroup.conf keys set, the site's own line kept",
+    ladder.check("real_slurm/classic: the nodes' cgroup.conf keys set where the site set none, the site's own lines and its "
+                 "ConstrainRAMSpace=no kept",
                  all(set(conf_lines(cluster, h, "cgroup.conf")) == {"CgroupPlugin=autodetect", "ConstrainCores=yes", "ConstrainDevices=yes",
-                                                                     "ConstrainRAMSpace=yes"} for h in NODES),
+                                                                     "ConstrainRAMSpace=no"} for h in NODES),
                  str({h: conf_lines(cluster, h, "cgroup.conf") for h in NODES}))
     nodes = start_slurm(cluster)
+    config = cluster.in_host(cluster.controller, "scontrol", "show", "config").stdout
+    said = {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in config.splitlines()) if k.strip() in
+            ("GresTypes", "PropagateResourceLimits", "PropagateResourceLimitsExcept")}
+    ladder.check(f"real_slurm/classic: real slurmctld ({cluster.slurm_version}) reads the site's GresTypes with gpu added "
+                 "(bandwidth kept) and MEMLOCK not propagated",
+                 said == {"GresTypes": "bandwidth,gpu", "PropagateResourceLimits": "(null)", "PropagateResourceLimitsExcept": "MEMLOCK"},
+                 json.dumps(said) + "\n" + cluster.logs(5))
     ladder.check("real_slurm/classic: real slurmd on gpu01 and on host gpu02 (NodeName gpu-b02) register with 4 GPUs, idle",
                  registered_with_gpus(nodes), json.dumps({n: {k: v.get(k) for k in ("State", "Gres", "Reason")} for n, v in nodes.items()})
                  + "\n" + cluster.logs())
@@ -153,6 +174,7 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
 
     # The site's own Slurm role puts the login host's slurm.conf back, and owns it (manage_slurm_conf false).
     (cluster.root("login01") / "etc" / "slurm" / "slurm.conf").write_text(site)
+    (cluster.root("login01") / "etc" / "slurm" / SITE_INCLUDE_FILE).write_text(cluster.site_include())
     calls = len(cluster.calls())
     result, records = play(cluster, venv, "3-login-owned-by-the-site", "-e", "slurm_gpu_node_manage_slurm_conf=false", limit="login01")
     msg = failures(records).get("login01", "")
@@ -167,22 +189,41 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
 def limited_canary(ladder, venv: Path, cluster: RealSlurm, site: str) -> None:
     """site.yml --limit gpu01,login01 before anything else ran (the documented canary, with a login host): the other
     GPU node has no facts, so no host can get the NodeName file. gpu01's slurm.conf runs the site's NHC."""
-    nhc = site + "HealthCheckProgram=/usr/sbin/nhc\nHealthCheckInterval=600\n"
-    (cluster.root("gpu01") / "etc" / "slurm" / "slurm.conf").write_text(nhc)
+    include = cluster.root("gpu01") / "etc" / "slurm" / SITE_INCLUDE_FILE
+    nhc = cluster.site_include() + "HealthCheckProgram=/usr/sbin/nhc\nHealthCheckInterval=600\n"
+    include.write_text(nhc)  # the site runs NHC from its included file: slurm.conf itself does not name it
     result, records = play(cluster, venv, "1b-classic-limited", limit="gpu01,login01")
     msg = failures(records).get("gpu01", "")
-    ladder.check("real_slurm/classic: a slurm.conf that runs the site's own HealthCheckProgram (NHC) is refused, nothing changed",
-                 msg.startswith("slurm_gpu_node: /etc/slurm/slurm.conf on gpu01 already runs HealthCheckProgram=/usr/sbin/nhc, and "
-                                "slurmd runs only one; nothing was changed.") and "slurm_gpu_node_health_check_site_program=keep" in msg
-                 and conf_lines(cluster, "gpu01") == nhc.splitlines(), msg or lib.tail(result.stdout))
+    ladder.check("real_slurm/classic: a slurm.conf whose included file runs the site's own HealthCheckProgram (NHC) is refused, "
+                 "naming that file, nothing changed",
+                 msg.startswith(f"slurm_gpu_node: /etc/slurm/{SITE_INCLUDE_FILE} on gpu01 already runs HealthCheckProgram=/usr/sbin/nhc, "
+                                "and slurmd runs only one; nothing was changed.") and "slurm_gpu_node_health_check_site_program=keep" in msg
+                 and conf_lines(cluster, "gpu01") == site.splitlines() and include.read_text() == nhc, msg or lib.tail(result.stdout))
     ping = cluster.in_host("login01", "scontrol", "ping")
     lines = conf_lines(cluster, "login01")
     ladder.check("real_slurm/classic, --limit without the other GPU nodes: no Include of a NodeName file that is not there, so "
                  "Slurm's commands on the login host still read its slurm.conf",
-                 not any(line.startswith("Include") for line in lines) and "GresTypes=bandwidth,gpu" in lines
+                 not any(line.startswith("Include hpc-train") for line in lines)
+                 and conf_lines(cluster, "login01", SITE_INCLUDE_FILE) == ["GresTypes=bandwidth,gpu"]
                  and "Unable to process configuration file" not in ping.stderr and "Slurmctld" in ping.stdout,
                  f"{lines[-6:]}\n{ping.stdout}{ping.stderr}")
-    (cluster.root("gpu01") / "etc" / "slurm" / "slurm.conf").write_text(site)
+    include.write_text(cluster.site_include())
+
+
+def duplicate_nodename(ladder, venv: Path, cluster: RealSlurm) -> None:
+    """A site whose included file already defines a GPU node (gpu02's NodeName gpu-b02): Slurm up to 23.11 ignores the
+    later line (the roles' NodeName file, with its GPUs), and from 24.05 slurmctld refuses to start, cluster-wide."""
+    include = cluster.root("gpu02") / "etc" / "slurm" / SITE_INCLUDE_FILE
+    text = cluster.site_include() + "NodeName=gpu-b02 NodeHostName=gpu02 CPUs=2 State=UNKNOWN\n"
+    include.write_text(text)
+    slurm_conf = conf_lines(cluster, "gpu02")
+    result, records = play(cluster, venv, "1c-classic-duplicate-nodename", limit="gpu02")
+    msg = failures(records).get("gpu02", "")
+    ladder.check("real_slurm/classic: a GPU node defined in a file slurm.conf includes is refused, naming that file, nothing changed",
+                 msg.startswith(f"slurm_gpu_node: /etc/slurm/{SITE_INCLUDE_FILE} on gpu02 has NodeName lines of its own for gpu-b02;")
+                 and "from 24.05 slurmctld refuses to start" in msg and include.read_text() == text and conf_lines(cluster, "gpu02") == slurm_conf,
+                 msg or lib.tail(result.stdout))
+    include.write_text(cluster.site_include())
 
 
 def health(ladder, cluster: RealSlurm) -> None:
@@ -207,9 +248,57 @@ def health(ladder, cluster: RealSlurm) -> None:
     ladder.check("real_slurm/gpu_health: a drain of someone else's on a healthy node is left alone",
                  "DRAIN" in nodes.get("gpu01", {}).get("State", "") and nodes["gpu01"].get("Reason") == "bad fan",
                  json.dumps({k: nodes.get("gpu01", {}).get(k) for k in ("State", "Reason")}))
+    xid_marker(ladder, cluster)
+    # A node the driver role handed to Slurm's reboot (slurm_asap) comes back held with a DRAIN and the reboot's reason
+    # (ReturnToService never clears a DRAIN): the check resumes it once healthy, as it would a DOWN one.
+    reboot_reason = f"{lib.GPU_HEALTH_REBOOT_REASON} into NVIDIA driver 570.172.08"
+    cluster.in_host(cluster.controller, "scontrol", "update", "nodename=gpu01", "state=drain", f"reason={reboot_reason}")
+    nodes = cluster.wait_nodes(["gpu01"], timeout_s=15)
+    ladder.check("real_slurm/gpu_health: a node back from a reboot handed to Slurm, held drained with the reboot's reason, is "
+                 "resumed once healthy", nodes.get("gpu01", {}).get("State") == "IDLE",
+                 json.dumps({k: nodes.get("gpu01", {}).get(k) for k in ("State", "Reason")}))
     cluster.fake_gpus("gpu02")
     for name in NODES.values():
         cluster.in_host(cluster.controller, "scontrol", "update", f"nodename={name}", "state=resume")
+    rolling_upgrade(ladder, cluster)
+
+
+def xid_marker(ladder, cluster: RealSlurm) -> None:
+    """A node the check drained for an Xid (an admin must reset the GPU) that then fails another way: the Xid stays in
+    its reason, so the node is not resumed once the other problem is gone. (The Xid itself comes from the kernel log,
+    which this machine's GPUs never write: the drain the check gives it is set here.)"""
+    xid = "gpu_health: Xid 79 in the kernel log"
+    cluster.in_host(cluster.controller, "scontrol", "update", "nodename=gpu01", "state=drain", f"reason={xid}")
+    cluster.fake_gpus("gpu01", gpus=3)
+    both = "gpu_health: 3 of 4 GPUs answer; Xid 79 in the kernel log"
+    nodes = cluster.wait("xid + lost GPU", lambda: (lambda n: n.get("gpu01", {}).get("Reason", "").startswith("gpu_health: 3 of 4") and n)(
+        cluster.nodes()), 15) or cluster.nodes()
+    reason = nodes.get("gpu01", {}).get("Reason")
+    cluster.fake_gpus("gpu01")
+    time.sleep(5)  # two health check intervals and more, healthy again but for the Xid
+    after = cluster.nodes().get("gpu01", {})
+    ladder.check("real_slurm/gpu_health: a node drained for an Xid that then loses a GPU keeps the Xid in its reason, and is not "
+                 "resumed once the GPU is back (the GPU needs an admin's reset)",
+                 reason == both and "DRAIN" in after.get("State", "") and after.get("Reason") == both,
+                 f"reason while a GPU was lost: {reason!r}; after: {json.dumps({k: after.get(k) for k in ('State', 'Reason')})}")
+
+
+def rolling_upgrade(ladder, cluster: RealSlurm) -> None:
+    """A rolling driver upgrade (570 -> 575) half-way: gpu02's batch is done (nvidia_driver wrote the version it
+    installed), gpu01's not; the check was rendered with the stack's old pin (570) and is rendered again only after the
+    last batch. The upgraded node must not be drained by its own check for running the driver it was upgraded to."""
+    installed = cluster.root("gpu02") / INSTALLED_DRIVER.lstrip("/")
+    installed.write_text("575.51.03\n")
+    cluster.fake_gpus("gpu02", driver="575.51.03")
+    time.sleep(5)  # two health check intervals and more
+    nodes = cluster.nodes()
+    ladder.check("real_slurm/gpu_health: in a rolling upgrade, a node whose batch installed 575 runs it without being drained "
+                 "by a check still rendered with the 570 pin; the node not yet upgraded stays in service on 570",
+                 nodes.get("gpu-b02", {}).get("State") == "IDLE" and nodes.get("gpu01", {}).get("State") == "IDLE",
+                 json.dumps({n: {k: v.get(k) for k in ("State", "Reason")} for n, v in nodes.items()}))
+    installed.unlink()
+    cluster.fake_gpus("gpu02")
+    cluster.in_host(cluster.controller, "scontrol", "update", "nodename=gpu-b02", "state=resume")
 
 
 def hung_nvidia_smi(ladder, cluster: RealSlurm) -> None:

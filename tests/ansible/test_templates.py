@@ -157,6 +157,7 @@ def _repo_vars(major: str, arch: str, **overrides: object) -> dict:
         "nvidia_driver_repo_gpgcheck": True,
         "nvidia_driver_epel_enabled": True,
         "nvidia_driver_epel_baseurl": "",
+        "nvidia_driver_epel_gpgkey": "",
         "__nvidia_driver_epel_default_baseurl": yaml.safe_load((ROLES / "nvidia_driver" / "vars" / f"RedHat-{major}.yml").read_text())[
             "__nvidia_driver_epel_default_baseurl"].replace("{{ ansible_facts['architecture'] }}", arch),
         "__nvidia_driver_epel_gpgkey": yaml.safe_load((ROLES / "nvidia_driver" / "vars" / f"RedHat-{major}.yml").read_text())[

@@ -7,10 +7,11 @@ The state lives in the JSON file named by $HPC_TRAIN_FAKE_SLURM:
   node              one node: name, state, reason
   jobs, polls_until_done   its running job ids, and after how many squeue polls they end (null: never)
   config            Slurm's running configuration (scontrol show config), over DEFAULT_CONFIG
-  machine           optional {root, kernel, loaded_version_file, boot_id_file, module_loads}: `scontrol reboot` "boots"
-                    the node into GRUB's default kernel (the root's grubby stand-in, else "kernel"): the driver loaded
-                    is the nvidia.ko built for it in that root (none when there is none or module_loads is false), a
-                    new boot id, and the node comes back DOWN (nextstate=DOWN) or in service (nextstate=RESUME)
+  machine           optional {root, kernel, loaded_version_file, boot_id_file, module_loads, boot_s}: `scontrol reboot`
+                    "boots" the node into GRUB's default kernel (the root's grubby stand-in, else "kernel"): the driver
+                    loaded is the nvidia.ko built for it in that root (none when there is none or module_loads is false),
+                    a new boot id (a new boot time), and the node comes back as Slurm's node_mgr.c returns it (see reboot)
+  history           every change of the node's state and reason, with its time: what Slurm would have scheduled on
   units             {unit: active | inactive | failed}: the node's systemd units (systemctl); a failed one fails to start
 Every call is appended to "calls" with its time, so a test can check what was asked, and in which order relative to
 other changes. Only the invocations the roles make are understood; anything else exits 2.
@@ -34,7 +35,10 @@ DEFAULT_CONFIG = {
     "GresTypes": "(null)", "PluginDir": "/usr/lib64/slurm", "PropagateResourceLimits": "ALL",
     "PropagateResourceLimitsExcept": "(null)", "RebootProgram": "/usr/sbin/reboot", "SlurmctldParameters": "(null)",
     "SLURM_CONF": "/etc/slurm/slurm.conf", "SLURM_VERSION": "23.11.10",
+    # Slurm's defaults (slurm.conf(5)): a DOWN node stays DOWN; a reboot not complete within 60 s has timed out.
+    "ReturnToService": "0", "ResumeTimeout": "60 sec",
 }
+BOOT_S = 30  # how long the stand-in machine takes to boot, unless machine.boot_s says otherwise
 
 
 def show_config(state: dict) -> str:
@@ -70,10 +74,32 @@ def reboot(state: dict, reason: str, next_state: str) -> None:
                           "GCC version:  gcc version 11.5.0 20240719 (Red Hat 11.5.0-2) (GCC)\n")
     else:
         loaded.unlink(missing_ok=True)
-    if next_state == "RESUME":
-        state["node"]["state"], state["node"]["reason"] = "IDLE", ""
+    come_back(state, reason, next_state)
+
+
+def come_back(state: dict, reason: str, next_state: str) -> None:
+    """The node's state once it registers after `scontrol reboot`, as node_mgr.c decides it (modelled; the real_slurm
+    rung shows 22.05 returning a nextstate=DOWN reboot IDLE under ReturnToService=2):
+      - a boot longer than ResumeTimeout: Slurm gave up first (DOWN, "reboot timed out": the reason is Slurm's, the
+        nextstate and any reason given are lost); the late registration then returns it to service under
+        ReturnToService=2, and a DRAIN flag set before stays;
+      - nextstate=RESUME: in service; nextstate=DOWN: DOWN "<reason> : reboot complete", but ReturnToService=2 returns
+        a DOWN node to service at its registration;
+      - no nextstate: the state it had, DRAIN flag and reason included (ReturnToService never clears a DRAIN)."""
+    config = {**DEFAULT_CONFIG, **state.get("config", {})}
+    return_to_service = config["ReturnToService"].strip() == "2"
+    resume_timeout_s = int(config["ResumeTimeout"].split()[0])
+    node = state["node"]
+    drained = "DRAIN" in node["state"]
+    if state["machine"].get("boot_s", BOOT_S) > resume_timeout_s:
+        node["reason"] = "reboot timed out"
+        node["state"] = ("IDLE" if return_to_service else "DOWN") + ("+DRAIN" if drained else "")
+    elif next_state == "RESUME" or (next_state == "DOWN" and return_to_service):
+        node["state"], node["reason"] = "IDLE", ""
+    elif next_state == "DOWN":
+        node["state"], node["reason"] = "DOWN", f"{reason} : reboot complete"
     else:
-        state["node"]["state"], state["node"]["reason"] = "DOWN", f"{reason} : reboot complete"
+        node["state"] = "IDLE+DRAIN" if drained else "IDLE"
 
 
 def systemctl(state: dict, args: list[str]) -> int:
@@ -133,6 +159,7 @@ def handle(path: Path, program: str, args: list[str]) -> int:
     state = json.loads(path.read_text())
     state["calls"].append({"time": time.time(), "argv": [program, *args]})
     node = state.get("node", {"name": "", "state": "IDLE", "reason": ""})
+    before = (node["state"], node["reason"])
     code = 0
     if program == "scontrol" and args[:3] == ["--oneliner", "show", "node"]:
         if args[3] != node["name"]:
@@ -160,6 +187,11 @@ def handle(path: Path, program: str, args: list[str]) -> int:
             code = 1
         else:
             reboot(state, reason, args[2].removeprefix("nextstate="))
+    elif program == "scontrol" and args[:1] == ["reboot"] and len(args) == 2:  # once idle, back in the state it had
+        if args[1] != node["name"]:
+            code = 1
+        else:
+            reboot(state, "", "")
     elif program == "squeue" and "--noheader" in args and "--format=%i" in args:
         if state["polls_until_done"] is not None:
             state["polls_until_done"] -= 1
@@ -172,6 +204,8 @@ def handle(path: Path, program: str, args: list[str]) -> int:
     else:
         print(f"fake {program}: unexpected arguments {args}", file=sys.stderr)
         code = 2
+    if (node["state"], node["reason"]) != before:
+        state.setdefault("history", []).append({"time": time.time(), "state": node["state"], "reason": node["reason"]})
     path.write_text(json.dumps(state, indent=1))
     return code
 

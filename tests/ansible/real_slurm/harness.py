@@ -10,6 +10,7 @@ NVML), systemd (bin/systemctl), the hosts' other software; jobs run as root.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -24,6 +25,10 @@ CONTROLLER_IP = f"{NET}.1"
 CTLD_PORT, SLURMD_PORT = 6917, 6918  # not the Python suites' 6817/6818
 CLUSTER_NAME = "hpctrain-ansible"
 GPUS_PER_NODE = 4
+# The site's own file its slurm.conf includes (classic): relative to slurm.conf, %c the ClusterName, as slurm.conf(5)
+# says. The keys the roles set live here, so that the roles must find them where the site keeps them.
+SITE_INCLUDE = "site-%c.conf"
+SITE_INCLUDE_FILE = SITE_INCLUDE.replace("%c", CLUSTER_NAME)
 
 
 class RealSlurm:
@@ -41,20 +46,35 @@ class RealSlurm:
     def controller(self) -> str:
         return next(h for h, kind in self.hosts.items() if kind == "controller")
 
+    @functools.cached_property
+    def slurm_version(self) -> str:
+        """The release of the Slurm this cluster runs ($HPC_TRAIN_REAL_SLURM_BIN, else the machine's): "22.05.8"."""
+        binary = Path(self.env["HPC_TRAIN_REAL_SLURM_BIN"]) / "slurmctld" if self.env.get("HPC_TRAIN_REAL_SLURM_BIN") else "slurmctld"
+        said = subprocess.run([str(binary), "-V"], capture_output=True, text=True).stdout.split()
+        return said[-1] if said else "?"
+
+    def site_include(self) -> str:
+        """The site's included file (classic): GresTypes without gpu and the shell's limits propagated, set here."""
+        return "GresTypes=bandwidth\nPropagateResourceLimits=ALL\n"
+
     def site_slurm_conf(self, configless: bool = False) -> str:
-        """The site's own slurm.conf before hpc-train: no GPUs in GresTypes, the shell's limits propagated."""
+        """The site's own slurm.conf before hpc-train: no GPUs in GresTypes, the shell's limits propagated (in the
+        included site file in classic mode; configless ships only files next to slurm.conf, so there they stay here)."""
         b = self.base
+        # task/none: 22.05 has it, 24.11 no longer (leave TaskPlugin unset there).
+        newer = tuple(int(x) for x in self.slurm_version.split(".")[:2] if x.isdigit()) >= (24, 0)
         return "\n".join([
             f"ClusterName={CLUSTER_NAME}", f"SlurmctldHost={self.controller}({CONTROLLER_IP})", "SlurmUser=root",
             f"SlurmctldPort={CTLD_PORT}", f"SlurmdPort={SLURMD_PORT}", "AuthType=auth/munge", "CredType=cred/munge",
             f"AuthInfo=socket={b}/munge/run/munge.socket.2", f"StateSaveLocation={b}/state", f"SlurmdSpoolDir={b}/spool/%n",
             f"SlurmctldPidFile={b}/run/slurmctld.pid", f"SlurmdPidFile={b}/run/slurmd-%h.pid",
             f"SlurmctldLogFile={b}/log/slurmctld.log", f"SlurmdLogFile={b}/log/slurmd-%h.log", "SlurmctldDebug=info",
-            "SlurmdDebug=info", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
+            "SlurmdDebug=info", "ProctrackType=proctrack/linuxproc", *([] if newer else ["TaskPlugin=task/none"]), "MpiDefault=none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides",
             "ReturnToService=2", "MailProg=/bin/true", "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
-            "SchedulerParameters=sched_interval=1", "GresTypes=bandwidth", "PropagateResourceLimits=ALL",
-            *(["SlurmctldParameters=enable_configless"] if configless else []),
+            "SchedulerParameters=sched_interval=1",
+            *(["GresTypes=bandwidth", "PropagateResourceLimits=ALL", "SlurmctldParameters=enable_configless"] if configless
+              else [f"Include {SITE_INCLUDE}"]),
             "PartitionName=gpu Nodes=ALL Default=YES MaxTime=10:00 State=UP", "",
         ])
 
@@ -68,7 +88,10 @@ class RealSlurm:
             (self.root(host) / "run").mkdir()
             if kind == "controller" or not configless:
                 (etc / "slurm" / "slurm.conf").write_text(self.site_slurm_conf(configless))
-                (etc / "slurm" / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
+                if not configless:
+                    (etc / "slurm" / SITE_INCLUDE_FILE).write_text(self.site_include())
+                # The site's memory policy: the roles add the keys it did not set, never change this one.
+                (etc / "slurm" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nConstrainRAMSpace=no\n")
             if kind == "node" and configless:
                 (etc / "sysconfig").mkdir()
                 (etc / "sysconfig" / "slurmd").write_text(f'SLURMD_OPTIONS="--conf-server {CONTROLLER_IP}:{CTLD_PORT}"\n')
