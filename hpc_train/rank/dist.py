@@ -309,6 +309,26 @@ def setup(*, backend: str | None = None, timeout_s: int = 600) -> DistEnv:
     return env
 
 
+def catch_preemption() -> str:
+    """Catch hpc-train's preemption signal (``HPC_TRAIN_SIGNAL``, USR2 unless the job says otherwise): from now on
+    it only sets the flag :func:`stop_requested` reads, instead of ending the process. SIGTERM keeps its default
+    (a cancelled run ends at once). Call it first thing: a signal that comes before still ends the process.
+    Returns the signal's name. Torch-free."""
+    from . import preempt
+
+    name = os.environ.get("HPC_TRAIN_SIGNAL") or "USR2"
+    preempt.install(name, also=())
+    return name
+
+
+def stop_requested() -> bool:
+    """Whether the signal :func:`catch_preemption` caught has come: checkpoint at the next step boundary (all
+    ranks agreeing: all-reduce the flag), then :func:`leave` with ``HPC_TRAIN_EXIT_REQUEUE`` (75)."""
+    from . import preempt
+
+    return preempt.requested()
+
+
 TEARDOWN_GIL_HANDOVER_S = 0.2
 """How long :func:`teardown` leaves the GIL to torch's threads at exit (in 10 ms slices)."""
 
