@@ -2,9 +2,11 @@
 heartbeat (``from hpc_train.dist import heartbeat``, docs/commands.md); the code is :mod:`hpc_train.rank.dist`
 and :mod:`hpc_train.rank.heartbeat`. Torch-free to import."""
 
-from .rank.dist import (DEFAULT_PORT_BASE, DEFAULT_PORT_SPAN, DistEnv, DistError, init_process_group, launch_info,
-                        master_port_for, setup, simulate, teardown, visible_gpu_count)
+from .rank.dist import (DEFAULT_PORT_BASE, DEFAULT_PORT_SPAN, DistEnv, DistError, catch_preemption, init_process_group,
+                        launch_info, leave, master_port_for, setup, simulate, stop_requested, teardown,
+                        visible_gpu_count)
 from .rank.heartbeat import heartbeat
 
-__all__ = ["DEFAULT_PORT_BASE", "DEFAULT_PORT_SPAN", "DistEnv", "DistError", "heartbeat", "init_process_group",
-           "launch_info", "master_port_for", "setup", "simulate", "teardown", "visible_gpu_count"]
+__all__ = ["DEFAULT_PORT_BASE", "DEFAULT_PORT_SPAN", "DistEnv", "DistError", "catch_preemption", "heartbeat",
+           "init_process_group", "launch_info", "leave", "master_port_for", "setup", "simulate", "stop_requested",
+           "teardown", "visible_gpu_count"]

@@ -6,7 +6,9 @@ reads the job, validates the rank mapping (:class:`hpc_train.dist.DistEnv`: a la
 world size than the job's fails here, with what to change), exports it, records what the rank saw in the run
 directory, and then *becomes* the command (``exec``): the command is the rank's process, so Slurm's signals,
 its exit code and its output are its own. The argv is the job's ``command`` list exactly as written; it never
-passes through a shell.
+passes through a shell; only a first word ``python``/``python3`` is replaced by the job's interpreter (the one
+running this wrapper). Under torchrun on Slurm, the step's per-node ``SLURM_PROCID``/``SLURM_NTASKS``/... are
+replaced by the rank's own values (:func:`slurm_view_of_rank`).
 
 The contract for the command (docs/commands.md):
 
@@ -61,6 +63,34 @@ def launch_record(spec, restart: int) -> dict:
                                         requeue="on" if s.requeue else "off")}
 
 
+PYTHON_WORDS = ("python", "python3")
+"""A command's first word that means "the job's interpreter": the one running this wrapper (``$PYTHON`` of the
+batch script, the local launcher's), not whatever ``python`` a rank's PATH finds first (or none: exit 127)."""
+
+
+def resolve_program(argv: list[str]) -> list[str]:
+    """The argv to exec: ``python``/``python3`` as the first word is the job's interpreter (``sys.executable``
+    here); every other word stays exactly as typed."""
+    if argv and argv[0] in PYTHON_WORDS:
+        return [sys.executable, *argv[1:]]
+    return list(argv)
+
+
+def slurm_view_of_rank(env, environ) -> dict[str, str]:
+    """Under torchrun in a Slurm step, the step's ``SLURM_PROCID``/``SLURM_NTASKS``/... describe the node's one
+    torchrun task (every worker saw ``SLURM_PROCID=0``, ``SLURM_NTASKS=1`` per node); a client that reads Slurm's
+    variables (Lightning's SLURMEnvironment, idr_torch, submitit's helpers) would take them for its rank's. Give
+    the worker the rank's own values instead, consistent with ``RANK``/``WORLD_SIZE``. Elsewhere: nothing (under
+    srun they are already the rank's; the local launcher removes them)."""
+    if env.source != "torchrun" or "SLURM_PROCID" not in environ:
+        return {}
+    per_node = f"{env.local_world_size}(x{env.num_nodes})" if env.num_nodes > 1 else str(env.local_world_size)
+    return {"SLURM_PROCID": str(env.rank), "SLURM_LOCALID": str(env.local_rank), "SLURM_NODEID": str(env.node_rank),
+            "SLURM_NTASKS": str(env.world_size), "SLURM_NPROCS": str(env.world_size),
+            "SLURM_STEP_NUM_TASKS": str(env.world_size), "SLURM_NTASKS_PER_NODE": str(env.local_world_size),
+            "SLURM_TASKS_PER_NODE": per_node, "SLURM_STEP_TASKS_PER_NODE": per_node}
+
+
 def prepare(spec, run_dir: Path) -> dict[str, str]:
     """Validate the mapping, record the rank, and return the command's environment."""
     from .dist import DistEnv
@@ -80,7 +110,8 @@ def prepare(spec, run_dir: Path) -> dict[str, str]:
     if env.rank == 0:
         rundir.write_json_atomic(run_dir / LAUNCH_JSON, launch_record(spec, restart))
     mapped = {"HPC_TRAIN_MAPPED_FROM": env.source}  # the command sees torchrun-style variables; where they came from
-    return {**os.environ, **env.torch_environ(), **contract_environment(spec, run_dir, restart), **mapped}
+    return {**os.environ, **slurm_view_of_rank(env, os.environ), **env.torch_environ(),
+            **contract_environment(spec, run_dir, restart), **mapped}
 
 
 def become(argv: list[str], environ: dict[str, str], signals: tuple[str, ...]) -> NoReturn:
@@ -101,7 +132,7 @@ def become(argv: list[str], environ: dict[str, str], signals: tuple[str, ...]) -
 
 def run(spec, run_dir: Path) -> NoReturn:
     environ = prepare(spec, run_dir)
-    become(list(spec.command), environ, (spec.slurm.signal, "TERM"))
+    become(resolve_program(list(spec.command)), environ, (spec.slurm.signal, "TERM"))
 
 
 def start(load_spec: Callable[[], Any], run_dir: Path) -> int:

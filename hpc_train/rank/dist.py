@@ -23,7 +23,7 @@ import atexit
 import os
 import socket
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal, Mapping, NoReturn
 
 from .. import launch_env
 from ..errors import HpcTrainError
@@ -298,11 +298,14 @@ def launch_info(environ: Mapping[str, str] | None = None) -> dict[str, str | int
 def setup(*, backend: str | None = None, timeout_s: int = 600) -> DistEnv:
     """One call for your own code: the validated mapping (:meth:`DistEnv.from_environ`), this rank's GPU
     (``LOCAL_RANK``, when CUDA is there), and the default process group (world size > 1; ``nccl`` on GPUs,
-    ``gloo`` on CPUs unless ``backend`` says), torn down when the interpreter exits (:func:`teardown`, with
-    ``atexit``). torch is imported here, not at import time. ::
+    ``gloo`` on CPUs unless ``backend`` says). At interpreter exit :func:`teardown` hands the GIL to torch's
+    communication threads once more (see there); end the script with :func:`leave` for an exit that cannot
+    abort. torch is imported here, not at import time. ::
 
-        from hpc_train.dist import setup
+        from hpc_train.dist import leave, setup
         env = setup()            # then DDP(model, device_ids=[env.local_rank]) on GPUs
+        ...
+        leave(0)                 # or leave(75) after the checkpoint, on hpc-train's signal
     """
     import torch
 
@@ -317,17 +320,64 @@ def setup(*, backend: str | None = None, timeout_s: int = 600) -> DistEnv:
     return env
 
 
-def teardown() -> None:
-    """Destroy the default process group, if one is still there. :func:`setup` registers it to run at exit: a
-    process group left to the interpreter's own shutdown has its threads destroyed while they run, and the rank
-    dies with SIGABRT ("terminate called without an active exception", exit 134) after its work was done."""
-    import torch.distributed as tdist
+def catch_preemption() -> str:
+    """Catch hpc-train's preemption signal (``HPC_TRAIN_SIGNAL``, USR2 unless the job says otherwise): from now on
+    it only sets the flag :func:`stop_requested` reads, instead of ending the process. SIGTERM keeps its default
+    (a cancelled run ends at once). Call it first thing: a signal that comes before still ends the process.
+    Returns the signal's name. Torch-free."""
+    from . import preempt
 
-    if tdist.is_available() and tdist.is_initialized():
+    name = os.environ.get("HPC_TRAIN_SIGNAL") or "USR2"
+    preempt.install(name, also=())
+    return name
+
+
+def stop_requested() -> bool:
+    """Whether the signal :func:`catch_preemption` caught has come: checkpoint at the next step boundary (all
+    ranks agreeing: all-reduce the flag), then :func:`leave` with ``HPC_TRAIN_EXIT_REQUEUE`` (75)."""
+    from . import preempt
+
+    return preempt.requested()
+
+
+TEARDOWN_GIL_HANDOVER_S = 0.2
+"""How long :func:`teardown` leaves the GIL to torch's threads at exit (in 10 ms slices)."""
+
+
+def teardown() -> None:
+    """Let torch's communication threads drop their finished work while the interpreter can still serve them.
+
+    Why (issue 27; a core dump of an aborted gloo rank): a DDP backward pass stashes a Python object (the
+    ``contextvars`` context) in the thread-local state that every collective it starts copies. The gloo worker
+    thread that ran the last all-reduce releases that work after the main thread has already been woken, and
+    releasing it decrefs the Python object, which takes the GIL. When the main thread has meanwhile reached
+    ``Py_FinalizeEx``, taking the GIL ends the worker thread (``pthread_exit``) inside a ``noexcept``
+    destructor: ``std::terminate``, "terminate called without an active exception", SIGABRT (exit 134) after
+    the work was done. ``destroy_process_group()`` does not help: DDP's reducer still holds the group (its
+    threads are not joined) and gloo has no ``shutdown``. Here, still before finalisation, the main thread
+    sleeps a few times, releasing the GIL to any worker waiting for it. That narrows the race; only
+    :func:`leave` (no finalisation at all) closes it."""
+    import time
+
+    deadline = time.monotonic() + TEARDOWN_GIL_HANDOVER_S
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def leave(code: int = 0) -> NoReturn:
+    """End this rank with ``code`` without the interpreter's finalisation (``os._exit`` after flushing
+    ``sys.stdout``/``sys.stderr``), as hpc-train's own ranks do: nothing of torch's is destroyed while its threads
+    still run, so a finished rank cannot abort at exit (:func:`teardown` says why it would). Call it last,
+    after your files are closed and every rank is done with collectives (``leave(75)`` after the checkpoint
+    on hpc-train's signal). Torch-free."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
         try:
-            tdist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - leaving anyway: a peer that is gone already is no reason to fail
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing more can be said on it
             pass
+    os._exit(code)
 
 
 def init_process_group(dist: DistEnv, *, backend: str, timeout_s: int) -> None:

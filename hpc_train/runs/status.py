@@ -270,24 +270,33 @@ def _rank_path(template: str, rank: int) -> str:
 
 
 def log_files(run: Run, rank: int | None = None) -> list[tuple[str, Path]]:
-    """(label, path) of a run's logs: the batch log, then each rank's (or only ``rank``'s)."""
+    """(label, path) of a run's logs: the batch log, then each rank's (or only ``rank``'s). Under
+    ``--launcher torchrun`` a log is a node's (its one Slurm task runs torchrun, whose workers share it):
+    rank R is in node ``R // ranks_per_node``'s, labelled with the ranks it holds."""
     logs = run.record.get("logs", {})
     files: list[tuple[str, Path]] = []
     if rank is None and logs.get("batch"):
         files.append(("batch", _log_path(run, logs["batch"], "batch")))
     world = int(run.record.get("world_size") or 0)
-    ranks = [rank] if rank is not None else list(range(world))
+    per_node = int(run.record.get("ranks_per_node") or 0)
+    by_node = run.record.get("launcher") == "torchrun" and per_node > 0
+    if by_node:  # the task index of a log file is the node's
+        tasks = [rank // per_node] if rank is not None else list(range(max(1, world // per_node)))
+    else:
+        tasks = [rank] if rank is not None else list(range(world))
     if rank is None and not world:  # a plain sbatch run: take the rank logs that exist
         pattern = _log_path(run, logs.get("rank_out", str(run.run_dir / rundir.RANK_LOG)), "rank_out")
-        ranks = sorted(int(m.group(1)) for p in pattern.parent.glob("*")
+        tasks = sorted(int(m.group(1)) for p in pattern.parent.glob("*")
                        if (m := re.fullmatch(re.escape(pattern.name).replace(r"\{rank\}", r"(\d+)"), p.name)))
-    for r in ranks:
+    for task in tasks:
+        label = (f"node {task}, ranks {task * per_node}-{task * per_node + per_node - 1}" if by_node
+                 else f"rank {task}")
         for key in ("rank_err", "rank_out"):  # progress (stderr) before the final table (stdout)
             if logs.get(key):
-                path = _log_path(run, _rank_path(logs[key], r), key)
-                if rank is None and r == 0 and logs.get("batch") and path == Path(logs["batch"]):
-                    continue  # submitit's form: rank 0 shares the batch log
-                files.append((f"rank {r}", path))
+                path = _log_path(run, _rank_path(logs[key], task), key)
+                if rank is None and task == 0 and logs.get("batch") and path == _log_path(run, logs["batch"], "batch"):
+                    continue  # submitit's form: task 0 shares the batch log
+                files.append((label, path))
     return files
 
 

@@ -120,6 +120,7 @@ def run_record(spec: JobSpec, sources: JobSources, run_dir: Path, *, job_id: str
         "nodes": spec.slurm.nodes,
         "ranks_per_node": spec.slurm.ranks_per_node,
         "world_size": spec.slurm.world_size,
+        "launcher": spec.slurm.launcher,  # torchrun: a log is a node's, not a rank's (`logs --rank`)
         "logs": dict(logs),
         **(extra or {}),
     }

@@ -139,3 +139,17 @@ def test_log_files_of_a_plain_sbatch_run(tmp_path):
                                                     "rank_out": str(run_dir / "logs/rank-{rank}.log")}})
     assert [(label, p.name) for label, p in log_files(run)] == [
         ("batch", "batch.log"), ("rank 0", "rank-0.log"), ("rank 2", "rank-2.log"), ("rank 10", "rank-10.log")]
+
+
+def test_logs_rank_counts_ranks_under_torchrun(tmp_path):
+    # Two nodes of 2 ranks: submitit's task logs are the nodes' (one torchrun each), rank 3 is in node 1's.
+    folder = tmp_path / "runs" / "tr" / ".submitit"
+    logs = {"batch": str(folder / "50_0_log.err"), "rank_out": str(folder / "50_{rank}_log.out"),
+            "rank_err": str(folder / "50_{rank}_log.err")}
+    run = Run(tmp_path / "runs" / "tr" / "50", {"job_id": "50", "world_size": 4, "ranks_per_node": 2, "nodes": 2,
+                                                "launcher": "torchrun", "logs": logs})
+    assert [(label, p.name) for label, p in log_files(run, rank=3)] == [
+        ("node 1, ranks 2-3", "50_1_log.err"), ("node 1, ranks 2-3", "50_1_log.out")]
+    assert [(label, p.name) for label, p in log_files(run)] == [
+        ("batch", "50_0_log.err"), ("node 0, ranks 0-1", "50_0_log.out"), ("node 1, ranks 2-3", "50_1_log.err"),
+        ("node 1, ranks 2-3", "50_1_log.out")]

@@ -1,0 +1,37 @@
+"""examples/ on the harness cluster (2 nodes, CPUs, gloo): the plain DDP example under srun, one rank per node,
+`python` after `--` being the job's interpreter, preempted by hpc-train's signal, requeued by the batch script,
+resumed from HPC_TRAIN_CHECKPOINT_DIR and completed (issue 27, item 3). The local counterpart:
+tests/examples/test_examples_local.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import harness
+from tests.real_cluster.test_lifecycle import _restart_count, hpc, wait_for, wait_state
+
+pytestmark = pytest.mark.timeout(600)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_plain_ddp_example_is_preempted_requeued_resumed_and_completed(slurm_cluster, tmp_path):
+    out = json.loads(hpc(slurm_cluster, "submit", "--nodes", "2", "--gpus", "1", "--name", "plain", "--json", "--",
+                         "python", str(EXAMPLES / "plain_ddp.py"), "--steps", "300", "--step-s", "0.05",
+                         cwd=tmp_path).stdout.splitlines()[-1])
+    job_id, run_dir = out["job_id"], Path(out["run_dir"])
+    wait_for(lambda: all((run_dir / "ranks" / f"rank-{r}.progress").exists() for r in range(2)), 180,
+             "both ranks stepping")
+    time.sleep(2)
+    harness.run_slurm(["scancel", "--signal=USR2", job_id], env=slurm_cluster.env)
+    assert wait_state(slurm_cluster, job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout_s=300) == "COMPLETED"
+    assert _restart_count(job_id, slurm_cluster.env) == 1
+    done = json.loads((run_dir / "result.json").read_text())
+    assert done["step"] == 300 and done["restart"] == 1 and 0 < done["resumed_from"] < 300, done
+    assert abs(done["weight"] - 3) < 0.05 and abs(done["bias"] + 1) < 0.05, done
+    status = json.loads(hpc(slurm_cluster, "status", job_id, "--json", cwd=tmp_path).stdout)
+    assert status["state"] == "completed" and status["restarts"] == 1, status
