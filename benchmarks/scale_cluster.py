@@ -50,6 +50,7 @@ SAMPLE = REPO / "benchmarks" / "scale_cluster_sample.json"
 SWEEP_POINTS = 1000
 HANG_TIMEOUT_S = 15
 STATUS_REPEATS = 3
+STRANDED_AFTER_S = 30  # a requeued job still held this long was left held (released within a second otherwise)
 
 
 class BenchError(RuntimeError):
@@ -279,6 +280,12 @@ def measure_sweep(cluster: Cluster, points: int = SWEEP_POINTS) -> dict[str, Any
 # hang: one rank stops; the watchdog requeues the job away from its node; the run completes
 # --------------------------------------------------------------------------------------------------
 
+def held_in_queue(cluster: Cluster, job_id: str) -> bool:
+    """Slurm holds the job after a requeue that nobody released (``scontrol requeuehold`` without ``release``)."""
+    reason = cluster.slurm("squeue", "-h", "-j", job_id, "-o", "%r")[0].stdout.strip()
+    return reason == "job_requeued_in_held_state"
+
+
 def watchdog_lines(run_dir: Path) -> list[str]:
     try:
         text = (run_dir / "logs" / "batch.log").read_text(errors="replace")
@@ -306,6 +313,7 @@ def measure_hang(cluster: Cluster, nodes: int) -> dict[str, Any]:
     (run_dir / "scale" / "hang").write_text(str(hung))
     hung_at = time.perf_counter()
     states: list[tuple[float, str]] = []
+    held_since: float | None = None
     while True:
         row, _ = status_json(cluster, job_id)
         since = time.perf_counter() - hung_at
@@ -313,11 +321,21 @@ def measure_hang(cluster: Cluster, nodes: int) -> dict[str, Any]:
             states.append((round(since, 1), row["state"]))
         if row["state"] not in ("running", "queued", "requeued"):
             break
+        if not held_in_queue(cluster, job_id):
+            held_since = None
+        elif held_since is None:
+            held_since = since
+        if held_since is not None and since - held_since > STRANDED_AFTER_S:
+            states.append((round(since, 1), f"stranded: held for {since - held_since:.0f} s ({row.get('reason', '')})"))
+            break
         if since > HANG_TIMEOUT_S + 240:
             raise BenchError(f"the hung run did not end within {since:.0f} s: {states}")
         time.sleep(0.5)
     second = launcher_nodes(run_dir, 1)
     shown = cluster.slurm("scontrol", "show", "job", job_id)[0].stdout
+    slurm_said = [w for w in shown.split() if w.startswith(("JobState=", "Reason=", "Restarts=", "ExcNodeList="))]
+    if held_in_queue(cluster, job_id):  # hpc-train left it held (issue 26's requeue race): not ours to keep queued
+        cluster.slurm("scancel", job_id)
     checks = {"completed": row["state"] == "completed", "restarts_1": row.get("restarts") == 1,
               "excluded_is_hung_node": row.get("excluded_nodes") == [bad],
               "second_attempt_avoids_it": bool(second) and bad not in second,
@@ -326,7 +344,7 @@ def measure_hang(cluster: Cluster, nodes: int) -> dict[str, Any]:
     requeued = next((t for t, s in states if s == "requeued"), None)
     return {"job_id": job_id, "ranks": ranks, "hang_timeout_s": HANG_TIMEOUT_S, "hung_node": bad,
             "hang_to_requeued_s": requeued, "hang_to_completed_s": states[-1][0], "states": states,
-            "checks": checks, "watchdog_log": watchdog_lines(run_dir)}
+            "checks": checks, "slurm_said": slurm_said, "watchdog_log": watchdog_lines(run_dir)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -346,10 +364,16 @@ COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("`cancel` → ranks gone / out of queue, s", lambda r: f"{r['map']['cancel_to_ranks_gone_s']:.1f} / {r['map']['cancel_to_out_of_queue_s']:.1f}"),
     ("1,000-point sweep: submit / `status` / `cancel`, s", lambda r: f"{r['sweep']['submit_cli_s']:.1f} / "
      f"{r['sweep']['status_sweep']['median_s']:.2f} / {r['sweep']['cancel_cli_s']:.1f}"),
-    ("hang → requeued / completed, s", lambda r: f"{r['hang']['hang_to_requeued_s']} / {r['hang']['hang_to_completed_s']}"),
+    ("hang → requeued / completed, s", lambda r: hang_cell(r["hang"])),
     ("requeue checks", lambda r: "all pass" if all(r["hang"]["checks"].values())
      else "FAILED: " + ", ".join(k for k, v in r["hang"]["checks"].items() if not v)),
 ]
+
+
+def hang_cell(hang: dict[str, Any]) -> str:
+    last = hang["states"][-1][1]
+    end = f"{hang['hang_to_completed_s']}" if last == "completed" else f"{last.split(' (')[0]} at {hang['states'][-1][0]}"
+    return f"{hang['hang_to_requeued_s']} / {end}"
 
 
 def table(results: list[dict[str, Any]]) -> str:
