@@ -43,6 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hpc_train.hostlist import expand  # noqa: E402
+from hpc_train.runs import liveness  # noqa: E402
+from hpc_train.slurm import watchdog  # noqa: E402
 
 RANK_SCRIPT = REPO / "benchmarks" / "scale_rank.py"
 SLURM_UP = REPO / "tests" / "cluster" / "slurm-up"
@@ -188,6 +190,7 @@ def status_json(cluster: Cluster, what: str) -> tuple[dict[str, Any], float]:
 def probe_step(cluster: Cluster, job_id: str, run_dir: Path, nodes: int) -> dict[str, Any]:
     """The watchdog's diagnostic step, with the watchdog's own argv (hpc_train/slurm/watchdog.py: _probe_all)."""
     instance = f"slurm:{job_id}.0"
+    watchdog.write_plan(run_dir, instance, liveness.read_beats(run_dir, instance))  # as the watchdog does first
     argv = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={nodes}", "--ntasks-per-node=1", "--cpus-per-task=1",
             "--kill-on-bad-exit=0", "--wait=0", sys.executable, "-u", "-m", "hpc_train.slurm.watchdog", "probe",
             str(run_dir), instance]
