@@ -155,6 +155,34 @@ def rank_records(run_dir: Path) -> dict[int, dict[str, Any]]:
     return found
 
 
+def wait_for_ranks(run_dir: Path, ranks: int, timeout_s: float = 240) -> float:
+    """Seconds until every rank wrote its record; a launch that ended first is an error with srun's words."""
+    def all_running() -> bool:
+        if len(rank_records(run_dir)) >= ranks:
+            return True
+        try:
+            ended = '"event": "exit"' in (run_dir / "state.jsonl").read_text()
+        except OSError:
+            ended = False
+        if ended:
+            raise BenchError(f"the launch ended before all {ranks} ranks ran ({len(rank_records(run_dir))} did): "
+                             + "; ".join(srun_errors(run_dir)))
+        return False
+
+    return wait_until(f"all {ranks} ranks' records", all_running, timeout_s=timeout_s)
+
+
+def srun_errors(run_dir: Path) -> list[str]:
+    """srun's error lines in the ranks' logs, each kind once with its count (task numbers left out)."""
+    counts: dict[str, int] = {}
+    for log in run_dir.parent.glob(".submitit/*_log.err"):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("srun: error:"):
+                kind = re.sub(r"\b(task|gpu)\s*\d+", r"\1 N", line)
+                counts[kind] = counts.get(kind, 0) + 1
+    return [f"{n} x {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])[:4]]
+
+
 def mapping_errors(records: dict[int, dict[str, Any]], nodes: int, restart: int = 0) -> list[str]:
     """What is wrong with the ranks' mapping (empty: right on every rank). One task per node: rank i runs on the
     i-th node of the job's node list, which is also MASTER_ADDR's source (its first node)."""
@@ -227,7 +255,7 @@ def time_rendezvous(cluster: Cluster, script: str, job_id: str, nodelist: str, r
 def measure_map(cluster: Cluster, nodes: int) -> dict[str, Any]:
     submitted_at = time.time()  # wall clock: the ranks' records carry theirs
     job_id, run_dir, submit_s = submit_command(cluster, "scale-map", nodes, "--set", "slurm.hang_timeout_s=600")
-    wait_until(f"all {nodes} ranks' records", lambda: len(rank_records(run_dir)) >= nodes, timeout_s=240)
+    wait_for_ranks(run_dir, nodes)
     records = rank_records(run_dir)
     first_s = min(r["time"] for r in records.values()) - submitted_at
     all_running_s = max(r["time"] for r in records.values()) - submitted_at
@@ -308,7 +336,7 @@ def measure_hang(cluster: Cluster, nodes: int) -> dict[str, Any]:
     ranks = nodes - 1  # the requeued attempt must fit on the nodes left once the hung one is excluded
     job_id, run_dir, _ = submit_command(cluster, "scale-hang", ranks, "--set", f"slurm.hang_timeout_s={HANG_TIMEOUT_S}",
                                         "--set", "slurm.hang_action=requeue")
-    wait_until(f"all {ranks} ranks' records", lambda: len(rank_records(run_dir)) >= ranks, timeout_s=240)
+    wait_for_ranks(run_dir, ranks)
     wait_until("every rank's heartbeat", lambda: len(list((run_dir / "ranks").glob("rank-*.progress"))) >= ranks,
                timeout_s=120)
     hung = ranks - 1
@@ -395,11 +423,14 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run(nodes: int, parts: list[str]) -> dict[str, Any]:
+def run(nodes: int, parts: list[str], out: Path | None) -> dict[str, Any]:
+    """Every part in turn; the result so far is written to ``out`` after each (a run cut short keeps its figures)."""
     result: dict[str, Any] = {"nodes": nodes, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                               "load_start": os.getloadavg()[0]}
     started = time.perf_counter()
     result["up"], cluster = bring_up(nodes)
+    if out:
+        out.write_text(json.dumps(result, indent=2) + "\n")
     steps = {"map": lambda: measure_map(cluster, nodes), "sweep": lambda: measure_sweep(cluster),
              "hang": lambda: measure_hang(cluster, nodes)}
     for part in parts:
@@ -408,6 +439,8 @@ def run(nodes: int, parts: list[str]) -> dict[str, Any]:
         except (BenchError, subprocess.TimeoutExpired) as exc:
             result[part] = {"error": str(exc)[-2000:]}
         print(f"[scale {nodes}] {part}: {json.dumps(result[part])[:400]}", flush=True)
+        if out:
+            out.write_text(json.dumps(result, indent=2) + "\n")
     result["wall_s"] = round(time.perf_counter() - started, 1)
     result["load_end"] = os.getloadavg()[0]
     return result
@@ -430,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         print("scale_cluster: the test harness needs root (tests/cluster/slurm-up)", file=sys.stderr)
         return 2
     parts = [p for p in args.parts.split(",") if p]
-    result = run(args.nodes, parts)
+    result = run(args.nodes, parts, args.out)
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")

@@ -22,6 +22,9 @@ NET=${HPCTRAIN_SLURM_NET:-10.77.0}          # an unused /24: controller .1, node
 # (its third octet a multiple of 4), node i at host number 10+i counted across it (gpu256: 10.77.1.10).
 NET_PREFIX=24
 if ((${HPCTRAIN_SLURM_NODES:-2} > 244)); then NET_PREFIX=22; fi
+# Past 64 nodes every host's ARP table is written by slurm-up and Slurm's TCP and RPC timeouts are longer (slurm-up).
+STATIC_NEIGHBOURS=0
+if ((${HPCTRAIN_SLURM_NODES:-2} > 64)); then STATIC_NEIGHBOURS=1; fi
 BR=${HPCTRAIN_SLURM_BRIDGE:-br-hpctrain}
 DB_PORT=${HPCTRAIN_SLURM_DB_PORT:-16033}    # mariadb on 127.0.0.1 only (not 3306: leave a site's own DB alone)
 CLUSTER=hpctrain
@@ -60,6 +63,11 @@ stop_nodes() {
 
 netns_of() { echo "hpctrain-$1"; }   # netns name of node $1
 veth_of() { echo "veth-$1"; }        # host side of node $1's veth pair (<= 15 chars)
+mac_of() {                           # MAC of node $1's eth0 (or of the bridge: controller), from its host number
+    local host=1
+    [[ $1 == controller ]] || host=$((10 + 10#${1#gpu}))
+    printf '02:68:74:00:%02x:%02x\n' $((host / 256)) $((host % 256))
+}
 ip_of() {                            # IP of node $1 (gpuNN -> $NET.(10+NN); past .255 into the /22's next octet)
     local host=$((10 + 10#${1#gpu}))
     echo "${NET%.*}.$((${NET##*.} + host / 256)).$((host % 256))"
