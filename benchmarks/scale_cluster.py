@@ -382,23 +382,31 @@ def measure_hang(cluster: Cluster, nodes: int) -> dict[str, Any]:
 # The table
 # --------------------------------------------------------------------------------------------------
 
-COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
-    ("nodes (1 task each)", lambda r: str(r["nodes"])),
-    ("slurm-up, s", lambda r: f"{r['up']['slurm_up_s']:.0f}"),
-    ("slurmd RSS per node / all, MB", lambda r: f"{r['up']['slurmd_rss_per_node_mb']:.1f} / {r['up']['slurmd_rss_total_mb']:.0f}"),
-    ("submit → all ranks running, s", lambda r: f"{r['map']['submit_to_all_ranks_s']:.1f}"),
-    ("mapping right on", lambda r: f"{r['map']['mapping_ok_ranks']}/{r['nodes']} ranks"),
-    ("batch script, bytes", lambda r: f"{r['map']['batch_script_bytes']:,}"),
-    ("rendezvous block (MASTER_ADDR, port), s", lambda r: f"{r['map']['rendezvous_s']:.3f}"),
-    ("watchdog probe step, s", lambda r: f"{r['map']['probe_step_s']:.1f} ({r['map']['probe_nodes_answered']} nodes)"),
-    ("`status` of the job, s", lambda r: f"{r['map']['status_job']['median_s']:.2f}"),
-    ("`cancel` → ranks gone / out of queue, s", lambda r: f"{r['map']['cancel_to_ranks_gone_s']:.1f} / {r['map']['cancel_to_out_of_queue_s']:.1f}"),
-    ("1,000-point sweep: submit / `status` / `cancel`, s", lambda r: f"{r['sweep']['submit_cli_s']:.1f} / "
-     f"{r['sweep']['status_sweep']['median_s']:.2f} / {r['sweep']['cancel_cli_s']:.1f}"),
-    ("hang → requeued / completed, s", lambda r: hang_cell(r["hang"])),
-    ("requeue checks", lambda r: "all pass" if all(r["hang"]["checks"].values())
-     else "FAILED: " + ", ".join(k for k, v in r["hang"]["checks"].items() if not v)),
+COLUMNS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [  # (row title, part, cell of that part)
+    ("slurm-up, s", "up", lambda u: f"{u['slurm_up_s']:.0f}"),
+    ("slurmd RSS per node / all, MB", "up", lambda u: f"{u['slurmd_rss_per_node_mb']:.1f} / {u['slurmd_rss_total_mb']:.0f}"),
+    ("submit → all ranks running, s", "map", lambda m: f"{m['submit_to_all_ranks_s']:.1f}"),
+    ("mapping right on", "map", lambda m: f"{m['mapping_ok_ranks']} ranks" + (" (errors: see JSON)" if m["mapping_errors"] else "")),
+    ("batch script, bytes", "map", lambda m: f"{m['batch_script_bytes']:,}"),
+    ("rendezvous block (MASTER_ADDR, port), s", "map", lambda m: f"{m['rendezvous_s']:.3f}"),
+    ("watchdog probe step, s", "map", lambda m: f"{m['probe_step_s']:.1f} ({m['probe_nodes_answered']} nodes answered)"),
+    ("`status` of the job, s", "map", lambda m: f"{m['status_job']['median_s']:.2f}"),
+    ("`cancel` → ranks gone / out of queue, s", "map", lambda m: f"{m['cancel_to_ranks_gone_s']:.1f} / {m['cancel_to_out_of_queue_s']:.1f}"),
+    ("1,000-point held sweep: submit / `status` / `cancel`, s", "sweep", lambda w: f"{w['submit_cli_s']:.1f} / "
+     f"{w['status_sweep']['median_s']:.2f} / {w['cancel_cli_s']:.1f}"),
+    ("hang → requeued / completed, s", "hang", lambda h: hang_cell(h)),
+    ("requeue checks", "hang", lambda h: "all pass" if all(h["checks"].values())
+     else "FAILED: " + ", ".join(k for k, v in h["checks"].items() if not v)),
 ]
+
+
+def cell(result: dict[str, Any], part: str, show: Callable[[dict[str, Any]], str]) -> str:
+    measured = result.get(part)
+    if not measured:
+        return "not measured"
+    if "error" in measured:
+        return "error: " + measured["error"].splitlines()[0][:90]
+    return show(measured)
 
 
 def hang_cell(hang: dict[str, Any]) -> str:
@@ -412,14 +420,8 @@ def table(results: list[dict[str, Any]]) -> str:
     results = sorted(results, key=lambda r: r["nodes"])
     lines = ["| measure | " + " | ".join(f"{r['nodes']} nodes" for r in results) + " |",
              "|---|" + "---|" * len(results)]
-    for title, cell in COLUMNS[1:]:
-        cells = []
-        for r in results:
-            try:
-                cells.append(cell(r))
-            except (KeyError, TypeError):
-                cells.append("not measured")
-        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    for title, part, show in COLUMNS:
+        lines.append(f"| {title} | " + " | ".join(cell(r, part, show) for r in results) + " |")
     return "\n".join(lines)
 
 
