@@ -223,7 +223,8 @@ def probe_step(cluster: Cluster, job_id: str, run_dir: Path, nodes: int) -> dict
             "--kill-on-bad-exit=0", "--wait=0", sys.executable, "-u", "-m", "hpc_train.slurm.watchdog", "probe",
             str(run_dir), instance]
     proc, took = cluster.slurm(*argv, timeout_s=300)
-    answered = list((run_dir / "ranks").glob(f"probe-{instance.replace(':', '-')}-*.json"))
+    answered = [p for p in (run_dir / "ranks").glob(f"probe-{instance.replace(':', '-')}-*.json")
+                if not p.name.endswith("-plan.json")]
     return {"probe_step_s": round(took, 2), "probe_exit": proc.returncode, "probe_nodes_answered": len(answered)}
 
 
