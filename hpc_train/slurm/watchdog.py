@@ -106,13 +106,33 @@ def _probe_file(run_dir: Path, instance: str, host: str) -> Path:
     return run_dir / rundir.RANKS_DIR / f"probe-{instance.replace(':', '-')}-{host}.json"
 
 
+def _plan_file(run_dir: Path, instance: str) -> Path:
+    return run_dir / rundir.RANKS_DIR / f"probe-{instance.replace(':', '-')}-plan.json"
+
+
+def write_plan(run_dir: Path, instance: str, beats: dict[int, liveness.Beat]) -> None:
+    """Which ranks (and pids) each node's probe task looks at: from the beats the watchdog has just read, in one
+    file, so that each of the N tasks reads one file and not all N heartbeats (N x N reads of a shared
+    filesystem at once: 65,536 at 256 nodes)."""
+    plan: dict[str, dict[str, int]] = {}
+    for rank, beat in beats.items():
+        plan.setdefault(beat.host, {})[str(rank)] = beat.pid
+    rundir.write_json_atomic(_plan_file(run_dir, instance), plan)
+
+
 def probe(run_dir: Path, instance: str) -> int:
     """``probe RUN_DIR INSTANCE`` (a task of the diagnostic step): what each rank of this node showed, in a file
-    of the run directory (not on stdout: srun splits long lines of several tasks into each other)."""
+    of the run directory (not on stdout: srun splits long lines of several tasks into each other). The ranks of
+    this node are the watchdog's plan (:func:`write_plan`); without a plan the task says so and exits 1."""
     host = socket.gethostname()
-    beats = {r: b for r, b in liveness.read_beats(run_dir, instance).items() if b.host == host}
+    try:
+        plan = json.loads(_plan_file(run_dir, instance).read_text())
+        pids = {int(rank): int(pid) for rank, pid in plan.get(host, {}).items()}
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        print(f"hpc-train: probe on {host}: no readable plan {_plan_file(run_dir, instance)}: {exc}", file=sys.stderr)
+        return 1
     logs = rank_logs(run_dir)
-    probes = liveness.probe_ranks({r: b.pid for r, b in beats.items()}, lambda r: logs(r), host=host)
+    probes = liveness.probe_ranks(pids, lambda r: logs(r), host=host)
     rundir.write_json_atomic(_probe_file(run_dir, instance, host), [
         {"rank": p.rank, "host": p.host, "pid": p.pid, "state": p.state, "stacks": p.stacks, "py_spy": p.py_spy}
         for p in probes])
@@ -131,6 +151,7 @@ def rank_logs(run_dir: Path):
 
 def _probe_all(run_dir: Path, instance: str, beats: dict[int, liveness.Beat]) -> list[liveness.Probe]:
     env = os.environ
+    write_plan(run_dir, instance, beats)
     argv = ["srun", "--overlap", f"--jobid={env.get('SLURM_JOB_ID', '')}", f"--nodes={env.get('SLURM_JOB_NUM_NODES', 1)}",
             "--ntasks-per-node=1", "--cpus-per-task=1", "--kill-on-bad-exit=0", "--wait=0", sys.executable, "-u",
             "-m", "hpc_train.slurm.watchdog", "probe", str(run_dir), instance]

@@ -18,6 +18,13 @@ REPO_ROOT=$(cd "$HARNESS_DIR/../.." && pwd)
 BASE=${HPCTRAIN_SLURM_DIR:-$REPO_ROOT/.slurm}
 NNODES=${HPCTRAIN_SLURM_NODES:-2}
 NET=${HPCTRAIN_SLURM_NET:-10.77.0}          # an unused /24: controller .1, node i .(10+i)
+# Up to 244 nodes fit that /24; a larger cluster (benchmarks/scale_cluster.py: 256) takes a /22 from the same start
+# (its third octet a multiple of 4), node i at host number 10+i counted across it (gpu256: 10.77.1.10).
+NET_PREFIX=24
+if ((${HPCTRAIN_SLURM_NODES:-2} > 244)); then NET_PREFIX=22; fi
+# Past 64 nodes every host's ARP table is written by slurm-up and Slurm's TCP and RPC timeouts are longer (slurm-up).
+STATIC_NEIGHBOURS=0
+if ((${HPCTRAIN_SLURM_NODES:-2} > 64)); then STATIC_NEIGHBOURS=1; fi
 BR=${HPCTRAIN_SLURM_BRIDGE:-br-hpctrain}
 DB_PORT=${HPCTRAIN_SLURM_DB_PORT:-16033}    # mariadb on 127.0.0.1 only (not 3306: leave a site's own DB alone)
 CLUSTER=hpctrain
@@ -49,16 +56,21 @@ stop_nodes() {
     {
         printf '%s\n' "${NODES[@]}"
         while read -r ns _; do
-            if [[ $ns =~ ^hpctrain-(gpu[0-9][0-9])$ ]]; then echo "${BASH_REMATCH[1]}"; fi
+            if [[ $ns =~ ^hpctrain-(gpu[0-9]+)$ ]]; then echo "${BASH_REMATCH[1]}"; fi
         done < <(ip netns list 2>/dev/null || true)
     } | sort -u
 }
 
 netns_of() { echo "hpctrain-$1"; }   # netns name of node $1
 veth_of() { echo "veth-$1"; }        # host side of node $1's veth pair (<= 15 chars)
-ip_of() {                            # IP of node $1 (gpuNN -> $NET.(10+NN))
-    local n=${1#gpu}
-    echo "$NET.$((10 + 10#$n))"
+mac_of() {                           # MAC of node $1's eth0 (or of the bridge: controller), from its host number
+    local host=1
+    [[ $1 == controller ]] || host=$((10 + 10#${1#gpu}))
+    printf '02:68:74:00:%02x:%02x\n' $((host / 256)) $((host % 256))
+}
+ip_of() {                            # IP of node $1 (gpuNN -> $NET.(10+NN); past .255 into the /22's next octet)
+    local host=$((10 + 10#${1#gpu}))
+    echo "${NET%.*}.$((${NET##*.} + host / 256)).$((host % 256))"
 }
 
 # ---- logging and timing ----
