@@ -28,6 +28,11 @@ def _submit(cluster, work: Path, name: str, *args: str) -> tuple[str, Path]:
     return data["job_id"], Path(data["run_dir"])
 
 
+def _watchdog_lines(run_dir: Path) -> str:
+    log = run_dir / "logs" / "batch.log"
+    return "\n".join(line for line in log.read_text(errors="replace").splitlines() if "watchdog" in line) if log.exists() else ""
+
+
 def _status(cluster, work: Path, ref: str) -> dict:
     return json.loads(hpc(cluster, "status", ref, "--json", cwd=work).stdout)
 
@@ -58,7 +63,7 @@ def test_dry_run_gives_slurms_verdict_and_a_refusal_queues_nothing(slurm_cluster
         for dry in ([], ["--dry-run"]):
             bad = hpc(slurm_cluster, "submit", *args, *dry, *command, cwd=tmp_path, check=False)
             assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stdout + bad.stderr
-            assert reason in bad.stderr.lower() and len(bad.stderr.strip().splitlines()) <= 2, bad.stderr
+            assert reason in bad.stderr.lower(), bad.stderr
     assert harness.run_slurm(["squeue", "-h", "-o", "%i"]).stdout == before
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("run.json"))
 
@@ -71,8 +76,11 @@ def test_a_hung_rank_is_requeued_away_from_its_node_and_the_command_completes(sl
     beats = wait_for_beats(run_dir, 2, timeout_s=90)
     bad = beats[1].host
     _, hung_at = stop_rank(run_dir, 1)
-    seen = follow(lambda: _status(cluster, tmp_path, job), hung_at, timeout_s=240)
-    assert seen.end[1] == "completed", seen.states[-5:]
+    try:
+        seen = follow(lambda: _status(cluster, tmp_path, job), hung_at, timeout_s=240)
+    except AssertionError as exc:  # e.g. stranded in "requeued (job requeued in held state)": issue 26's race
+        raise AssertionError(f"{exc}\nthe watchdog's lines in the batch log:\n{_watchdog_lines(run_dir)}") from None
+    assert seen.end[1] == "completed", (seen.states[-5:], _watchdog_lines(run_dir))
     row = _status(cluster, tmp_path, job)
     assert row["restarts"] == 1 and row["excluded_nodes"] == [bad], row
     assert excluded_names(run_dir) == [bad] and _restart_count(job, cluster.env) == 1
