@@ -16,6 +16,9 @@ REPO_ROOT=$(cd "$HARNESS_DIR/../.." && pwd)
 
 # ---- parameters (environment overrides; the tests rely on the defaults) ----
 BASE=${HPCTRAIN_SLURM_DIR:-$REPO_ROOT/.slurm}
+# The Slurm version to run and what differs between versions.
+# shellcheck source-path=SCRIPTDIR source=versions.sh
+source "$HARNESS_DIR/versions.sh"
 NNODES=${HPCTRAIN_SLURM_NODES:-2}
 NET=${HPCTRAIN_SLURM_NET:-10.77.0}          # an unused /24: controller .1, node i .(10+i)
 # Up to 244 nodes fit that /24; a larger cluster (benchmarks/scale_cluster.py: 256) takes a /22 from the same start
@@ -218,6 +221,8 @@ anything_left() {
 # ---- stop everything (used by slurm-down, and by slurm-up before a restart) ----
 stop_cluster() {
     local spec pid n ns t pids=() node_pids=() ctl=() dbd=() munge=() db=()
+    local PATH=$PATH
+    use_running_clients # versions.sh
 
     # 1. Let running jobs end cleanly so slurmctld's saved state holds no orphans.
     if [[ -r $SLURM_CONF ]] && timeout 3 scontrol ping 2>/dev/null | grep -q 'is UP'; then

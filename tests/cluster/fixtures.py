@@ -15,6 +15,11 @@ Then any test takes the ``slurm_cluster`` fixture (a ``harness.ClusterInfo``):
   squeue or submitit finds the cluster;
 * at session end the cluster is stopped only if this session started it (a developer's
   ``make slurm-up`` cluster survives), and then ``check-clean`` must find nothing left behind.
+
+The Slurm version is ``HPCTRAIN_SLURM_VERSION`` (22.05 by default; 24.11 and 26.05 run from a chroot,
+tests/cluster/versions.sh); on those the session's PATH starts with the version's client wrappers. The
+submission lifecycle, torch-free (the chroots hold no torch), is marked ``lifecycle``: CI runs it on 24.11
+and 26.05 (``HPCTRAIN_SLURM_VERSION=24.11 pytest -m lifecycle tests/real_cluster``), the whole suite on 22.05.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from tests.cluster import harness
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (root; tests/cluster/slurm-up)")
+    config.addinivalue_line(
+        "markers", "lifecycle: the torch-free submission lifecycle, run on every Slurm version the harness has"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -75,8 +83,11 @@ def slurm_cluster() -> Iterator[harness.ClusterInfo]:
     except (harness.ClusterError, OSError) as exc:
         pytest.fail(f"the local Slurm cluster did not start (tests/cluster/slurm-up):\n{exc}", pytrace=False)
 
+    if info.slurm_version != harness.requested_version():
+        pytest.fail(f"Slurm {info.slurm_version} is up, {harness.requested_version()} was asked for", pytrace=False)
     mp = pytest.MonkeyPatch()
     mp.setenv("SLURM_CONF", info.slurm_conf)
+    mp.setenv("PATH", info.env["PATH"])  # this version's client commands (wrappers into its chroot) first
     try:
         yield info
     finally:

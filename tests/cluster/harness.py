@@ -16,6 +16,12 @@ each with 8 CPUs, 4 fake GPUs (``gres/gpu``) and 16000 MB; partitions ``gpu`` (d
 are rejected at submit time (``AccountingStorageEnforce=associations``, ``EnforcePartLimits=ALL``).
 A requeued job is held ``cred_expire + 1`` s (``AuthInfo=cred_expire=5``, so about 6 s, instead of
 Slurm's 120 s) and then starts again by itself: no release step is needed.
+
+Slurm version: ``HPCTRAIN_SLURM_VERSION`` (22.05, the host's packages, by default; 24.11 and 26.05 run from
+a chroot, tests/cluster/versions.sh). ``ClusterInfo.slurm_version`` says which one is up; ``cluster_env()``
+puts that version's client commands first on PATH (for 24.11 / 26.05 wrappers that enter the chroot), and
+``ClusterInfo.python`` runs Python, hence hpc-train, where that version's jobs run (``job_python`` is the
+interpreter's path as a job sees it: the command to give ``submit -- CMD``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +41,7 @@ SLURM_DOWN = HARNESS_DIR / "slurm-down"
 CHECK_CLEAN = HARNESS_DIR / "check-clean"
 
 ROOT_REASON = "the local Slurm cluster needs root (namespaces, mknod, daemons)"
+DEFAULT_SLURM_VERSION = "22.05"
 
 # Job states after which a job will not run again by itself (squeue -o %T / sacct State names).
 TERMINAL_STATES = frozenset(
@@ -70,14 +78,31 @@ def slurm_conf() -> Path:
     return state_dir() / "etc" / "slurm.conf"
 
 
+def requested_version() -> str:
+    """The Slurm version a start asks for: ``HPCTRAIN_SLURM_VERSION``, else 22.05 (slurm-up's default)."""
+    return os.environ.get("HPCTRAIN_SLURM_VERSION") or DEFAULT_SLURM_VERSION
+
+
+def client_bin() -> str | None:
+    """The running cluster's wrapper directory (24.11 / 26.05: its commands enter the chroot); None on 22.05."""
+    try:
+        return json.loads((state_dir() / "cluster.json").read_text()).get("client_bin")
+    except (OSError, ValueError):
+        return None
+
+
 def cluster_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """``os.environ`` (or ``base``) for Slurm client commands: ``SLURM_CONF`` set, stray Slurm variables removed."""
+    """``os.environ`` (or ``base``) for Slurm client commands: ``SLURM_CONF`` set, stray Slurm variables removed,
+    the running version's client commands first on PATH."""
     env = {
         k: v
         for k, v in (os.environ if base is None else base).items()
         if not k.startswith(_CLIENT_ENV_PREFIXES)
     }
     env["SLURM_CONF"] = str(slurm_conf())
+    wrappers = client_bin()
+    if wrappers and not env.get("PATH", "").startswith(wrappers + os.pathsep):
+        env["PATH"] = os.pathsep.join([wrappers, env.get("PATH", os.defpath)])
     return env
 
 
@@ -102,10 +127,19 @@ class ClusterInfo:
     state_dir: str
     env: dict[str, str]  # cluster_env(): use it for every client command
     started: bool  # True when this start_cluster() call started it from nothing (False: one was up)
+    slurm_version: str = DEFAULT_SLURM_VERSION  # '22.05', '24.11' or '26.05'
+    python: str = sys.executable  # runs Python (and `-m hpc_train.cli`) where this version's jobs run
+    job_python: str = sys.executable  # that interpreter's path as a job sees it
+
+    @property
+    def in_chroot(self) -> bool:
+        """Daemons, clients and jobs run in a chroot of a newer Debian (not the host's 22.05)."""
+        return self.python != sys.executable
 
 
 def read_cluster_info(started: bool = False) -> ClusterInfo:
     data = json.loads((state_dir() / "cluster.json").read_text())
+    wrappers = data.get("client_bin")
     return ClusterInfo(
         nodes=list(data["nodes"]),
         nodelist=data["nodelist"],
@@ -124,6 +158,9 @@ def read_cluster_info(started: bool = False) -> ClusterInfo:
         state_dir=data["state_dir"],
         env=cluster_env(),
         started=started,
+        slurm_version=data.get("slurm_version", DEFAULT_SLURM_VERSION),
+        python=f"{wrappers}/python" if wrappers else sys.executable,
+        job_python=data.get("job_python") or sys.executable,
     )
 
 
@@ -157,8 +194,9 @@ def _run_script(script: Path, timeout_s: float) -> subprocess.CompletedProcess[s
         raise ClusterError(f"{script.name} did not finish within {timeout_s:.0f} s\n{out[-3000:]}") from exc
 
 
-def start_cluster(timeout_s: float = 300.0) -> ClusterInfo:
-    """Run ``slurm-up`` (installs packages on first use; about 2 s warm, well under a second when up).
+def start_cluster(timeout_s: float | None = None) -> ClusterInfo:
+    """Run ``slurm-up`` for :func:`requested_version` (installs packages on first use; about 2 s warm, well
+    under a second when up; 24.11 / 26.05 build their chroot first when it is not cached: minutes).
 
     Raises ``PermissionError`` when not root and ``ClusterError`` (with the script's output and the
     tails of the daemon logs) when the cluster does not come up.
@@ -166,6 +204,8 @@ def start_cluster(timeout_s: float = 300.0) -> ClusterInfo:
     if os.geteuid() != 0:
         raise PermissionError(ROOT_REASON)
     t0 = time.time()
+    if timeout_s is None:
+        timeout_s = 300.0 if requested_version() == DEFAULT_SLURM_VERSION else 1500.0
     proc = _run_script(SLURM_UP, timeout_s)
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -29,8 +28,9 @@ def work(tmp_path_factory):
     return tmp_path_factory.mktemp("slurm-commands")
 
 
+@pytest.mark.lifecycle
 def test_command_on_two_nodes_sees_the_mapping_and_a_failing_rank_is_named(slurm_cluster, work):
-    result = hpc(slurm_cluster, "submit", "--nodes", "2", "--gpus", "2", "--wait", "--", sys.executable,
+    result = hpc(slurm_cluster, "submit", "--nodes", "2", "--gpus", "2", "--wait", "--", slurm_cluster.job_python,
                  str(SCRIPTS / "show_rank.py"), "3", *HOSTILE, cwd=work, check=False)
     assert result.returncode == 1, result.stdout + result.stderr
     run_dir = Path(next((work / "runs" / "show_rank").glob("[0-9]*")))
@@ -46,8 +46,9 @@ def test_command_on_two_nodes_sees_the_mapping_and_a_failing_rank_is_named(slurm
     assert "rank 3 on gpu02" in result.stderr
 
 
+@pytest.mark.lifecycle
 def test_a_command_that_checkpoints_on_the_signal_is_requeued_and_resumes(slurm_cluster, work):
-    out = json.loads(hpc(slurm_cluster, "submit", "--nodes", "2", "--gpus", "2", "--json", "--", sys.executable,
+    out = json.loads(hpc(slurm_cluster, "submit", "--nodes", "2", "--gpus", "2", "--json", "--", slurm_cluster.job_python,
                          str(SCRIPTS / "checkpoint_on_signal.py"), "150", cwd=work).stdout.splitlines()[-1])
     job_id, run_dir = out["job_id"], Path(out["run_dir"])
     wait_for(lambda: len(list(run_dir.glob("started-*-0"))) == 4, 60, "all four ranks started")

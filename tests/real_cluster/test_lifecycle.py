@@ -35,7 +35,8 @@ def hpc(cluster, *args, cwd: Path, check: bool = True, timeout: float = 300, env
     env.pop("HPC_TRAIN_SITE", None)
     env["HPC_TRAIN_STATE_DIR"] = str(cwd / ".state")  # the run index of these tests, not the user's
     env.update(env_extra or {})
-    result = subprocess.run([sys.executable, "-m", "hpc_train.cli", *args], capture_output=True, text=True,
+    # cluster.python: where this Slurm version's jobs run (the host's venv on 22.05, a chroot's on 24.11 / 26.05)
+    result = subprocess.run([cluster.python, "-m", "hpc_train.cli", *args], capture_output=True, text=True,
                             cwd=cwd, env=env, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"hpc-train {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
