@@ -165,6 +165,9 @@ class RunState:
     updated: str = ""
     progress: Mapping[str, Any] = field(default_factory=dict)
     """The trainer's last ``epoch``, ``global_step``, ``total_epochs`` (when it recorded them)."""
+    note: str = ""
+    """What went wrong with a requeue that still happened (the watchdog could not exclude the node, or release the
+    job): shown by ``status`` while the job waits to run again."""
 
     @property
     def final(self) -> bool:
@@ -198,7 +201,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
     started yet); within a launch the first failure is the reason, a cancel is final, and the exit code says
     how it ended."""
     state: str | None = None
-    reason, exit_code, restart, updated, instance = "", None, 0, "", None
+    reason, exit_code, restart, updated, instance, note = "", None, 0, "", None, ""
     progress: dict[str, Any] = {}
     for event in events:
         name = event.get("event")
@@ -206,7 +209,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
         progress.update({k: event[k] for k in _PROGRESS_KEYS if k in event})
         if event.get("instance") not in (None, instance):
             instance, restart = event["instance"], int(event.get("restart") or 0)
-            state, reason, exit_code = RUNNING, "", None
+            state, reason, exit_code, note = RUNNING, "", None, ""
         if name == QUEUED:
             if state is None or state in FINAL_STATES:  # a new job continues an ended run (--resume, --chain)
                 state, reason, exit_code = QUEUED, "", None
@@ -223,6 +226,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
         elif name in (COMPLETED, PREEMPTED, REQUEUED):
             if state != FAILED:
                 state, reason, exit_code = name, str(event.get("reason", "")), event.get("exit_code")
+                note = str(event.get("note") or "") if name == REQUEUED else ""
         elif name == EXIT:
             code = int(event.get("exit_code", EXIT_FAILED))
             derived, why = state_for_exit(code)
@@ -235,7 +239,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
             else:
                 state, reason, exit_code = derived, why, code
     return RunState(state=state, reason=reason, exit_code=exit_code, restart=restart, updated=updated,
-                    progress=progress)
+                    progress=progress, note=note)
 
 
 def read_state(run_dir: Path) -> RunState:
