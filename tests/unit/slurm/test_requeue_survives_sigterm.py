@@ -51,6 +51,9 @@ SCONTROL = textwrap.dedent('''\
         log = open(os.path.join(state_dir, "slurmd.log"), "w")  # not the caller's pipes: it would wait for them
         subprocess.Popen([sys.executable, os.path.join(state_dir, "slurmd.py"), str(os.getppid())],
                          start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    elif args[0] == "update" and os.environ.get("REFUSE_UPDATE"):
+        print("scontrol: error: Job is no longer pending execution", file=sys.stderr)
+        sys.exit(1)
     elif args[0] in ("update", "release"):
         open(os.path.join(state_dir, "busy-" + args[0]), "w").close()
         time.sleep(0.3)
@@ -130,3 +133,37 @@ def test_the_step_sigterm_after_requeuehold_leaves_the_job_released_and_the_node
     assert not job["held"], f"the job was left held: {out.strip()}"
     assert job["exc"] == "gpu02", f"ExcNodeList not set: {out.strip()}"
     assert out.strip() == "requeued job 20, excluding gpu02", out
+
+
+def test_a_node_that_cannot_be_excluded_still_leaves_the_job_released_and_says_why(tmp_path):
+    from hpc_train.runs import rundir
+    from hpc_train.runs.scheduler_job import SchedulerJob
+    from hpc_train.runs.status import reconcile
+    from hpc_train.slurm import requeue, watchdog
+
+    state_dir, run_dir, bin_dir = tmp_path / "slurm", tmp_path / "run", tmp_path / "bin"
+    for folder in (state_dir, run_dir, bin_dir):
+        folder.mkdir()
+    (state_dir / "job.json").write_text(json.dumps({"state": "RUNNING", "held": False, "exc": ""}))
+    (state_dir / "slurmd.py").write_text("")  # no signal this time
+    bad_nodes.add(run_dir, "gpu02", "hung", job_id="20", restart=0)
+    (bin_dir / "scontrol").write_text(SCONTROL.format(python=sys.executable))
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE_DIR": str(state_dir), "REFUSE_UPDATE": "1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        outcome = requeue.requeue_excluding("20", ["gpu02"], kill_wait=3)
+        watchdog._note_problem(run_dir, "slurm:20.0", 0, "hung: rank 1 on gpu02", outcome)
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+    job = json.loads((state_dir / "job.json").read_text())
+    assert not job["held"] and job["exc"] == ""
+    assert outcome.requeued and not outcome.held and outcome.excluded == ()
+    assert outcome.message == ("requeued job 20 (ExcNodeList not updated, gpu02 may be used again: "
+                               "scontrol: error: Job is no longer pending execution)")
+    waiting = SchedulerJob("20", "PENDING", "requeued", scheduler="Slurm", reason="BeginTime")
+    state, reason = reconcile(rundir.read_state(run_dir), waiting)
+    assert state == "requeued" and reason == ("BeginTime; ExcNodeList not updated, gpu02 may be used again: "
+                                              "scontrol: error: Job is no longer pending execution")
