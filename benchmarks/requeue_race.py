@@ -31,8 +31,15 @@ def slurm_version(env: dict[str, str]) -> str:
     return subprocess.run(["sinfo", "--version"], capture_output=True, text=True, env=env).stdout.strip()
 
 
-def one(env: dict[str, str], work: Path, index: int, hang_timeout_s: int) -> RaceRun:
-    return follow(env, work, submit(env, work, f"race{index}", hang_timeout_s=hang_timeout_s))
+def one(env: dict[str, str], work: Path, index: int, hang_timeout_s: int, version: str, out: Path | None) -> RaceRun:
+    """One run, its JSON line printed (and appended to ``out``) as soon as it ended."""
+    run = follow(env, work, submit(env, work, f"race{index}", hang_timeout_s=hang_timeout_s))
+    line = json.dumps({"slurm": version, **run.summary()})
+    print(line, flush=True)
+    if out:
+        with out.open("a") as handle:
+            handle.write(line + "\n")
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,16 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="requeue-race-"))
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        runs = list(pool.map(lambda i: one(env, work, i, args.hang_timeout_s), range(args.runs)))
+        runs = list(pool.map(lambda i: one(env, work, i, args.hang_timeout_s, version, args.out), range(args.runs)))
     stranded = [r for r in runs if r.stranded]
     unexcluded = [r for r in runs if not r.excluded]
     unfinished = [r for r in runs if r.end != "COMPLETED"]
-    for run in runs:
-        line = json.dumps({"slurm": version, **run.summary()})
-        print(line)
-        if args.out:
-            with args.out.open("a") as handle:
-                handle.write(line + "\n")
     print(f"{version}: {len(runs)} runs in {time.monotonic() - started:.0f} s: {len(stranded)} stranded (left held), "
           f"{len(unexcluded)} without the node in ExcNodeList, {len(unfinished)} not COMPLETED")
     return 1 if stranded or unfinished else 0

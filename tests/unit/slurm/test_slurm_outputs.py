@@ -51,6 +51,14 @@ def test_sacct_lines(job_id, state, exit_code, nodes):
     assert not found.active
 
 
+@pytest.mark.parametrize("job_id", ["39_1", "39_2", "39_3"])
+def test_sacct_reads_a_pending_cancelled_range_as_squeue_does_without_its_placeholder_node_list(job_id):
+    # sacct-mixed.txt: 39_[1-3%1]|CANCELLED by 0|0:0|00:00:00|None assigned|JobArrayTaskLimit (issue 26)
+    found = slurm.parse_sacct(text("sacct-mixed.txt"), job_id)
+    assert (found.state, found.nodes, found.reason, found.source) == ("CANCELLED", "", "JobArrayTaskLimit", "sacct")
+    assert slurm.parse_sacct(text("sacct-mixed.txt"), "39_4") is None
+
+
 def test_a_timed_out_job_is_failed_with_the_reason_slurm_gives():
     from hpc_train.runs import rundir
     from hpc_train.runs.status import reconcile
