@@ -186,7 +186,10 @@ def job_states(job_ids: Sequence[str], *, listing: bool = False) -> dict[str, Sc
         return states
     if shutil.which("sacct") is None:
         return {**states, **{j: slurm_job(j, "UNKNOWN", reason="not in squeue, and sacct is not on PATH") for j in gone}}
-    acct = run_command(["sacct", "-n", "-P", "-X", "-j", ",".join(gone), "-o", SACCT_FIELDS], check=False)
+    # An array task is asked by its array id too: sacct may hold only the array's records for it (a range, or
+    # the bare array id for a while after the array ended), which it does not list for the task's own id.
+    asked = list(dict.fromkeys([*gone, *(j.split("_", 1)[0] for j in gone if "_" in j)]))
+    acct = run_command(["sacct", "-n", "-P", "-X", "-j", ",".join(asked), "-o", SACCT_FIELDS], check=False)
     for j in gone:
         if acct.returncode != 0:
             states[j] = slurm_job(j, "UNKNOWN", reason=f"not in squeue; sacct: {slurm_message(acct.stderr or acct.stdout)}")
