@@ -6,21 +6,22 @@ node list. Canned forms: tests/unit/slurm/test_slurm_outputs.py."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import pytest
 
 from tests.cluster import harness
+from tests.real_cluster.test_hangs import _extra
 from tests.real_cluster.test_lifecycle import hpc
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(170)
 
-FAILING = ["--", sys.executable, "-c", "import sys; sys.exit(3)"]
+FAILING = ["digits_lt_demo", "--tasks-per-node", "1", "--set", "train.device=cpu",
+           "--set", "train.loss.name=tests.scripts.failing_loss:build"]  # each point fails within seconds of its start
 
 
 def _points(cluster, work, name: str, sweep_id: str, count: int) -> list[dict]:
-    return [json.loads(hpc(cluster, "status", f"{name}/{sweep_id}_{i}", "--json", cwd=work).stdout)
+    return [json.loads(hpc(cluster, "status", f"{name}/{sweep_id}_{i}", "--json", cwd=work, env_extra=_extra()).stdout)
             for i in range(count)]
 
 
@@ -31,12 +32,12 @@ def _gone(cluster, array: str) -> bool:
 
 def test_points_of_an_ended_and_a_pending_cancelled_array_have_slurm_states(slurm_cluster, tmp_path):
     cluster, work = slurm_cluster, tmp_path
-    pending = json.loads(hpc(cluster, "submit", "--name", "later", "--json", "--sweep", "train.seed=0,1,2",
-                             "--max-parallel", "2", "--set", "slurm.extra_sbatch={begin: now+3600}", *FAILING,
-                             cwd=work).stdout.splitlines()[-1])
-    ended = json.loads(hpc(cluster, "submit", "--name", "ended", "--json", "--sweep", "train.seed=0,1", *FAILING,
-                           cwd=work).stdout.splitlines()[-1])
-    hpc(cluster, "cancel", "later", cwd=work)
+    pending = json.loads(hpc(cluster, "submit", *FAILING, "--name", "later", "--json", "--sweep", "train.seed=0,1,2",
+                             "--max-parallel", "2", "--set", "slurm.extra_sbatch={begin: now+3600}", cwd=work,
+                             env_extra=_extra()).stdout.splitlines()[-1])
+    ended = json.loads(hpc(cluster, "submit", *FAILING, "--name", "ended", "--json", "--sweep", "train.seed=0,1",
+                           cwd=work, env_extra=_extra()).stdout.splitlines()[-1])
+    hpc(cluster, "cancel", "later", cwd=work, env_extra=_extra())
     deadline = time.monotonic() + 120
     while not (_gone(cluster, ended["job_id"]) and _gone(cluster, pending["job_id"])) and time.monotonic() < deadline:
         time.sleep(0.2)
