@@ -33,7 +33,10 @@ def slurm_version(env: dict[str, str]) -> str:
 
 def one(env: dict[str, str], work: Path, index: int, hang_timeout_s: int, version: str, out: Path | None) -> RaceRun:
     """One run, its JSON line printed (and appended to ``out``) as soon as it ended."""
-    run = follow(env, work, submit(env, work, f"race{index}", hang_timeout_s=hang_timeout_s))
+    try:
+        run = follow(env, work, submit(env, work, f"race{index}", hang_timeout_s=hang_timeout_s))
+    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:  # counted, not fatal to the rest
+        run = RaceRun("", work, end=f"error: {str(exc).strip().splitlines()[-1][:200]}")
     line = json.dumps({"slurm": version, **run.summary()})
     print(line, flush=True)
     if out:

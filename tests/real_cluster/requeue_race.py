@@ -57,6 +57,7 @@ class RaceRun:
 
 
 def hpc_env(env: dict[str, str], work: Path) -> dict[str, str]:
+    (work / ".state").mkdir(exist_ok=True)  # the run index of these runs (hpc-train does not create its folder)
     out = {**env, "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', os.environ['PATH'])}",
            "HPC_TRAIN_STATE_DIR": str(work / ".state"),
            "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])}
@@ -115,6 +116,7 @@ def follow(env: dict[str, str], work: Path, run: RaceRun, timeout_s: float = 240
     run.exc_node_list = fields.get("ExcNodeList", "(null)")
     run.restarts = int(fields.get("Restarts", "0") or 0)
     run.nodes = _attempt_nodes(run.run_dir)
+    run.first_node = run.first_node or (run.nodes[0] if run.nodes else "")  # ran before it was looked at
     run.watchdog_lines = _watchdog_lines(run.run_dir)
     if run.end in ("stranded", "timeout"):
         subprocess.run(["scancel", run.job_id], env=env, capture_output=True, timeout=30)

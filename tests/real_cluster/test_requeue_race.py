@@ -5,6 +5,8 @@ counted over many runs by benchmarks/requeue_race.py (the same driver, tests/rea
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from tests.real_cluster.requeue_race import follow, submit
@@ -15,8 +17,9 @@ pytestmark = pytest.mark.timeout(300)
 def test_a_watchdog_requeue_is_never_left_held_and_excludes_the_hung_node(slurm_cluster, tmp_path):
     env = slurm_cluster.env
     runs = [submit(env, tmp_path, f"race{i}", hang_timeout_s=10) for i in range(2)]  # two at once: two races
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each watched from its start: a hold is seen while it lasts
+        list(pool.map(lambda run: follow(env, tmp_path, run, timeout_s=180), runs))
     for run in runs:
-        follow(env, tmp_path, run, timeout_s=180)
         facts = run.summary()
         assert not run.stranded, f"left held: {facts}"
         assert run.end == "COMPLETED" and run.restarts == 1, facts

@@ -147,3 +147,41 @@ def test_log_files_of_a_plain_sbatch_run(tmp_path):
                                                     "rank_out": str(run_dir / "logs/rank-{rank}.log")}})
     assert [(label, p.name) for label, p in log_files(run)] == [
         ("batch", "batch.log"), ("rank 0", "rank-0.log"), ("rank 2", "rank-2.log"), ("rank 10", "rank-10.log")]
+
+
+# sacct's forms of arrays, recorded from the 22.05 harness by tests/slurm_outputs/record_arrays.py (issue 26) -----
+
+@pytest.mark.parametrize("job_id", ["3_0", "3_1"])
+def test_an_array_just_ended_is_read_from_its_bare_id_record(job_id):
+    found = slurm.parse_sacct(text("sacct-array-ended-first.txt"), job_id)  # 3|FAILED|3:0|...
+    assert (found.state, found.exit_code, found.nodes, found.source) == ("FAILED", "3:0", "gpu01", "sacct")
+    assert slurm.parse_sacct(text("sacct-array-ended.txt"), job_id).state == "FAILED"  # later: 3_0|..., 3_1|...
+
+
+@pytest.mark.parametrize("job_id", ["2_0", "2_1", "2_2"])
+def test_an_array_cancelled_while_pending_is_one_range_record(job_id):
+    found = slurm.parse_sacct(text("sacct-array-cancelled-pending.txt"), job_id)  # 2_[0-2%2]|CANCELLED by 0|...
+    assert (found.state, found.nodes, found.reason) == ("CANCELLED", "", "")
+
+
+def test_a_job_cancelled_before_it_started_has_no_node_list_not_sacct_placeholder():
+    found = slurm.parse_sacct(text("sacct-cancelled-before-start.txt"), "1")
+    assert (found.state, found.nodes) == ("CANCELLED", "")
+
+
+@pytest.mark.parametrize("by_tasks,by_array,ids", [
+    ("sacct-array-ended-first-tasks.txt", "sacct-array-ended-first.txt", ["3_0", "3_1"]),
+    ("sacct-array-cancelled-pending-tasks.txt", "sacct-array-cancelled-pending.txt", ["2_0", "2_1", "2_2"]),
+])
+def test_status_asks_sacct_by_the_array_id_too(stand_in, tmp_path, by_tasks, by_array, ids):
+    """Asked by task ids only, sacct prints nothing for these arrays (recorded: the *-tasks.txt files are empty); the
+    stand-in answers as the harness's sacct did, by whether the array id is among the ids asked."""
+    stand_in("squeue", stderr="squeue-invalid-job-id.stderr", code=1)
+    array = ids[0].split("_")[0]
+    (tmp_path / "bin" / "sacct").write_text(
+        f'#!/bin/sh\nfor arg in "$@"; do case ",$arg," in *,{array},*) /bin/cat {OUT / by_array}; exit 0;; esac; done\n'
+        f"/bin/cat {OUT / by_tasks}\n")
+    (tmp_path / "bin" / "sacct").chmod(0o755)
+    states = slurm.job_states(ids)
+    assert {j: (s.state, s.source) for j, s in states.items()} == {j: (states[j].state, "sacct") for j in ids}
+    assert all(s.state in ("FAILED", "CANCELLED") and s.nodes != "None assigned" for s in states.values()), states
