@@ -176,6 +176,9 @@ class RunState:
     updated: str = ""
     progress: Mapping[str, Any] = field(default_factory=dict)
     """The trainer's last ``epoch``, ``global_step``, ``total_epochs`` (when it recorded them)."""
+    note: str = ""
+    """What went wrong with a requeue that still happened (the watchdog could not exclude the node, or release the
+    job): shown by ``status`` while the job waits to run again."""
 
     @property
     def final(self) -> bool:
@@ -211,7 +214,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
     started yet); within a launch the first failure is the reason (where the local launcher names the rank that
     ended first, that rank's), a cancel is final, and the exit code says how it ended."""
     state: str | None = None
-    reason, exit_code, restart, updated, instance = "", None, 0, "", None
+    reason, exit_code, restart, updated, instance, note = "", None, 0, "", None, ""
     progress: dict[str, Any] = {}
     rank_failures: dict[Any, Mapping[str, Any]] = {}  # this launch's first failure line of each rank
     for event in events:
@@ -220,7 +223,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
         progress.update({k: event[k] for k in _PROGRESS_KEYS if k in event})
         if event.get("instance") not in (None, instance):
             instance, restart = event["instance"], int(event.get("restart") or 0)
-            state, reason, exit_code = RUNNING, "", None
+            state, reason, exit_code, note = RUNNING, "", None, ""
             rank_failures = {}
         if name == QUEUED:
             if state is None or state in FINAL_STATES:  # a new job continues an ended run (--resume, --chain)
@@ -245,6 +248,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
         elif name in (COMPLETED, PREEMPTED, REQUEUED):
             if state != FAILED:
                 state, reason, exit_code = name, str(event.get("reason", "")), event.get("exit_code")
+                note = str(event.get("note") or "") if name == REQUEUED else ""
         elif name == EXIT:
             code = EXIT_FAILED if event.get("exit_code") is None else int(event["exit_code"])  # null: not known
             derived, why = state_for_exit(code)
@@ -257,7 +261,7 @@ def fold(events: Iterable[Mapping[str, Any]]) -> RunState:
             else:
                 state, reason, exit_code = derived, why, code
     return RunState(state=state, reason=reason, exit_code=exit_code, restart=restart, updated=updated,
-                    progress=progress)
+                    progress=progress, note=note)
 
 
 def read_state(run_dir: Path) -> RunState:

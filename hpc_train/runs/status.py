@@ -38,7 +38,8 @@ def reconcile(run: rundir.RunState, job: SchedulerJob | None) -> tuple[str, str]
         if job.phase == "running":
             return rundir.RUNNING, ""
         again = run.state in (rundir.REQUEUED, rundir.PREEMPTED, rundir.RUNNING) or job.phase == "requeued"
-        return (rundir.REQUEUED if again else rundir.QUEUED), job.reason
+        note = run.note if run.state == rundir.REQUEUED else ""  # the watchdog could not exclude the node: why
+        return (rundir.REQUEUED if again else rundir.QUEUED), "; ".join(filter(None, (job.reason, note)))
     said = f"{job.scheduler}: {job.said}"
     if job.ended_by is not None:
         state, why = _ENDED_BY_STATE[job.ended_by], job.cause

@@ -100,38 +100,60 @@ def slurm_job(job_id: str, state: str, *, reason: str = "", elapsed: str = "", n
                         succeeded=state == "COMPLETED")
 
 
-def _is_task_of(shown: str, job_id: str) -> bool:
-    """squeue shows a pending array's tasks as one line, ``4242_[1-3%2]``: is ``4242_2`` among them?"""
+NO_NODES = frozenset({"", "(null)", "None assigned"})
+"""What squeue and sacct print for a job that was given no node (sacct: ``None assigned``): no node list."""
+
+
+def _range_holds(shown: str, job_id: str) -> bool:
+    """squeue and sacct show an array's pending (or pending-cancelled) tasks as one record, ``4242_[1-3%2]``
+    (``4242_[0,2-5]``): is ``4242_2`` among them?"""
     array, _, task = job_id.partition("_")
     m = re.fullmatch(re.escape(array) + r"_\[([^\]]*)\]", shown)
     if not (m and task.isdigit()):
         return False
     for item in m.group(1).split("%")[0].split(","):
         lo, _, hi = item.partition("-")
-        if lo.isdigit() and int(lo) <= int(task) <= int(hi or lo):
+        if lo.isdigit() and (hi == "" or hi.isdigit()) and int(lo) <= int(task) <= int(hi or lo):
             return True
     return False
 
 
+def _record_for(records: Sequence[list[str]], job_id: str, *, bare_array: bool = False) -> list[str] | None:
+    """The record that stands for ``job_id``: its own line, else a task range that holds it, else (``bare_array``:
+    sacct, for a while after an array ended) the array's line under its bare id, ``4242`` for ``4242_2``."""
+    array, _, task = job_id.partition("_")
+    for matches in (lambda shown: shown == job_id, lambda shown: _range_holds(shown, job_id),
+                    lambda shown: bare_array and task.isdigit() and shown == array):
+        found = next((parts for parts in records if matches(parts[0])), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _nodes(shown: str) -> str:
+    return "" if shown in NO_NODES else shown
+
+
 def parse_squeue(text: str, job_id: str) -> SchedulerJob | None:
     """The job's line of ``squeue -h -o '%i|%T|%r|%M|%N'``; None when it is not queued."""
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 5 and (parts[0] == job_id or _is_task_of(parts[0], job_id)):
-            return slurm_job(job_id, parts[1], reason=parts[2] if parts[2] != "None" else "", elapsed=parts[3],
-                            nodes=parts[4] if parts[4] != "(null)" else "", source="squeue")
-    return None
+    records = [parts for line in text.splitlines() if len(parts := line.strip().split("|")) == 5]
+    parts = _record_for(records, job_id)
+    if parts is None:
+        return None
+    return slurm_job(job_id, parts[1], reason=parts[2] if parts[2] != "None" else "", elapsed=parts[3],
+                     nodes=_nodes(parts[4]), source="squeue")
 
 
 def parse_sacct(text: str, job_id: str) -> SchedulerJob | None:
-    """The job's allocation line of ``sacct -n -P -X -o JobID,State,ExitCode,Elapsed,NodeList,Reason``."""
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) >= 5 and parts[0] == job_id:
-            state = parts[1].split()[0] if parts[1] else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
-            return slurm_job(job_id, state, exit_code=parts[2], elapsed=parts[3], nodes=parts[4],
-                            reason=parts[5] if len(parts) > 5 and parts[5] != "None" else "", source="sacct")
-    return None
+    """The job's allocation line of ``sacct -n -P -X -o JobID,State,ExitCode,Elapsed,NodeList,Reason``: its own, or
+    the array record that holds it (a pending-cancelled range, the bare array id: :func:`_record_for`)."""
+    records = [parts for line in text.splitlines() if len(parts := line.strip().split("|")) >= 5]
+    parts = _record_for(records, job_id, bare_array=True)
+    if parts is None:
+        return None
+    state = parts[1].split()[0] if parts[1] else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
+    return slurm_job(job_id, state, exit_code=parts[2], elapsed=parts[3], nodes=_nodes(parts[4]),
+                     reason=parts[5] if len(parts) > 5 and parts[5] != "None" else "", source="sacct")
 
 
 def job_state(job_id: str) -> SchedulerJob:
@@ -164,7 +186,10 @@ def job_states(job_ids: Sequence[str], *, listing: bool = False) -> dict[str, Sc
         return states
     if shutil.which("sacct") is None:
         return {**states, **{j: slurm_job(j, "UNKNOWN", reason="not in squeue, and sacct is not on PATH") for j in gone}}
-    acct = run_command(["sacct", "-n", "-P", "-X", "-j", ",".join(gone), "-o", SACCT_FIELDS], check=False)
+    # An array task is asked by its array id too: sacct may hold only the array's records for it (a range, or
+    # the bare array id for a while after the array ended), which it does not list for the task's own id.
+    asked = list(dict.fromkeys([*gone, *(j.split("_", 1)[0] for j in gone if "_" in j)]))
+    acct = run_command(["sacct", "-n", "-P", "-X", "-j", ",".join(asked), "-o", SACCT_FIELDS], check=False)
     for j in gone:
         if acct.returncode != 0:
             states[j] = slurm_job(j, "UNKNOWN", reason=f"not in squeue; sacct: {slurm_message(acct.stderr or acct.stdout)}")

@@ -13,8 +13,10 @@ hung rank's node to the run's excluded nodes and requeues the job
 (:data:`~hpc_train.runs.rundir.EXIT_HANG_REQUEUED`; the batch script then exits 0).
 
 Excluding a node: ``scontrol update ExcNodeList`` works only on a pending job, so a running one does
-``scontrol requeuehold`` (Slurm ends this attempt and gives the batch shell ``KillWait`` seconds), then the update,
-then ``scontrol release`` — measured on the test cluster, well under a second.
+``scontrol requeuehold`` (Slurm ends this attempt: SIGTERM to every process of the batch step, SIGKILL ``KillWait``
+seconds later), then the update, then ``scontrol release``: :mod:`hpc_train.slurm.requeue`, whose calls survive
+that SIGTERM, are checked against ``scontrol show job`` and retried, and which releases the job even when the
+exclusion failed (the batch log and ``status`` then say why).
 
 ``start-check RUN_DIR``: a requeued attempt (``SLURM_RESTART_COUNT`` > 0) first adds the node that ended the
 previous attempt when nothing could record it (Slurm said NODE_FAIL: the node the batch log names, else that
@@ -36,6 +38,7 @@ from typing import Any, Sequence
 from .. import launch_env
 from ..hostlist import expand
 from ..runs import bad_nodes, liveness, rundir
+from . import requeue
 
 PROBE_TIMEOUT_S = 60.0
 _acting = False
@@ -78,24 +81,10 @@ def add_excluded(run_dir: Path, node: str, reason: str, environ: dict[str, str] 
     return listed
 
 
-def requeue_excluding(run_dir: Path, job_id: str) -> tuple[bool, str]:
-    """requeuehold, ``ExcNodeList`` = the run's list (with the job's own exclusions), release (module docstring)."""
-    held = _run(["scontrol", "requeuehold", job_id])
-    if held.returncode != 0:
-        return False, f"scontrol requeuehold {job_id} failed: {(held.stderr or held.stdout).strip()}"
-    shown = _run(["scontrol", "show", "job", job_id]).stdout
-    own = next((w.split("=", 1)[1] for w in shown.split() if w.startswith("ExcNodeList=")), "(null)")
-    own_names = expand(own) if own not in ("", "(null)") else []
-    names = list(dict.fromkeys([*own_names, *bad_nodes.excluded_names(run_dir)]))
-    message = f"requeued job {job_id}"
-    if names:
-        updated = _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"])
-        message += (f", excluding {','.join(names)}" if updated.returncode == 0 else
-                    f" (ExcNodeList not updated: {(updated.stderr or updated.stdout).strip()})")
-    released = _run(["scontrol", "release", job_id])
-    if released.returncode != 0:
-        message += f"; scontrol release failed: {(released.stderr or released.stdout).strip()}"
-    return True, message
+def requeue_excluding(run_dir: Path, job_id: str) -> requeue.RequeueOutcome:
+    """Requeue the job with the run's bad-node list added to its ``ExcNodeList`` (:mod:`hpc_train.slurm.requeue`:
+    the calls survive the SIGTERM the requeue brings, are checked and retried, and the job is always released)."""
+    return requeue.requeue_excluding(job_id, bad_nodes.excluded_names(run_dir))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -247,15 +236,25 @@ def _decide(run_dir: Path, spec: Any, instance: str, restart: int, reason: str, 
             add_excluded(run_dir, next(iter(hosts)), reason)
         rundir.append_event(run_dir, rundir.REQUEUED, writer="watchdog", instance=instance, restart=restart,
                             exit_code=rundir.EXIT_HANG_REQUEUED, reason=reason)
-        ok, message = requeue_excluding(run_dir, job_id)
-        _say(message)
-        if ok:
+        outcome = requeue_excluding(run_dir, job_id)
+        _say(outcome.message)
+        if outcome.requeued:
+            _note_problem(run_dir, instance, restart, reason, outcome)
             return rundir.EXIT_HANG_REQUEUED
+        reason += f" ({outcome.message})"
     elif s.hang_action == "requeue":
         reason += f" (not requeued: restart {restart} of at most {s.max_requeues})"
     rundir.append_event(run_dir, rundir.FAILED, writer="watchdog", instance=instance, restart=restart,
                         exit_code=rundir.EXIT_HUNG, reason=reason)
     return rundir.EXIT_HUNG
+
+
+def _note_problem(run_dir: Path, instance: str, restart: int, reason: str, outcome: requeue.RequeueOutcome) -> None:
+    """A requeue that could not exclude the node (or release the job) says why in the run's state too: ``status``
+    shows the note beside Slurm's reason while the job waits to run again."""
+    if outcome.problem:
+        rundir.append_event(run_dir, rundir.REQUEUED, writer="watchdog", instance=instance, restart=restart,
+                            exit_code=rundir.EXIT_HANG_REQUEUED, reason=reason, note=outcome.problem)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -313,9 +312,11 @@ def start_check(run_dir: Path) -> int:
     instance, restart = rundir.instance_of()
     reason = f"landed on excluded node(s) {','.join(here)}"
     rundir.append_event(run_dir, rundir.REQUEUED, writer="watchdog", instance=instance, restart=restart, reason=reason)
-    ok, message = requeue_excluding(run_dir, requeue_job_id() or "")
-    _say(f"{reason}: {message}")
-    return rundir.EXIT_HANG_REQUEUED if ok else 0
+    outcome = requeue_excluding(run_dir, requeue_job_id() or "")
+    _say(f"{reason}: {outcome.message}")
+    if outcome.requeued:
+        _note_problem(run_dir, instance, restart, reason, outcome)
+    return rundir.EXIT_HANG_REQUEUED if outcome.requeued else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

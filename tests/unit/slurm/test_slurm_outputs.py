@@ -51,6 +51,14 @@ def test_sacct_lines(job_id, state, exit_code, nodes):
     assert not found.active
 
 
+@pytest.mark.parametrize("job_id", ["39_1", "39_2", "39_3"])
+def test_sacct_reads_a_pending_cancelled_range_as_squeue_does_without_its_placeholder_node_list(job_id):
+    # sacct-mixed.txt: 39_[1-3%1]|CANCELLED by 0|0:0|00:00:00|None assigned|JobArrayTaskLimit (issue 26)
+    found = slurm.parse_sacct(text("sacct-mixed.txt"), job_id)
+    assert (found.state, found.nodes, found.reason, found.source) == ("CANCELLED", "", "JobArrayTaskLimit", "sacct")
+    assert slurm.parse_sacct(text("sacct-mixed.txt"), "39_4") is None
+
+
 def test_a_timed_out_job_is_failed_with_the_reason_slurm_gives():
     from hpc_train.runs import rundir
     from hpc_train.runs.status import reconcile
@@ -153,3 +161,41 @@ def test_logs_rank_counts_ranks_under_torchrun(tmp_path):
     assert [(label, p.name) for label, p in log_files(run)] == [
         ("batch", "50_0_log.err"), ("node 0, ranks 0-1", "50_0_log.out"), ("node 1, ranks 2-3", "50_1_log.err"),
         ("node 1, ranks 2-3", "50_1_log.out")]
+
+
+# sacct's forms of arrays, recorded from the 22.05 harness by tests/slurm_outputs/record_arrays.py (issue 26) -----
+
+@pytest.mark.parametrize("job_id", ["3_0", "3_1"])
+def test_an_array_just_ended_is_read_from_its_bare_id_record(job_id):
+    found = slurm.parse_sacct(text("sacct-array-ended-first.txt"), job_id)  # 3|FAILED|3:0|...
+    assert (found.state, found.exit_code, found.nodes, found.source) == ("FAILED", "3:0", "gpu01", "sacct")
+    assert slurm.parse_sacct(text("sacct-array-ended.txt"), job_id).state == "FAILED"  # later: 3_0|..., 3_1|...
+
+
+@pytest.mark.parametrize("job_id", ["2_0", "2_1", "2_2"])
+def test_an_array_cancelled_while_pending_is_one_range_record(job_id):
+    found = slurm.parse_sacct(text("sacct-array-cancelled-pending.txt"), job_id)  # 2_[0-2%2]|CANCELLED by 0|...
+    assert (found.state, found.nodes, found.reason) == ("CANCELLED", "", "")
+
+
+def test_a_job_cancelled_before_it_started_has_no_node_list_not_sacct_placeholder():
+    found = slurm.parse_sacct(text("sacct-cancelled-before-start.txt"), "1")
+    assert (found.state, found.nodes) == ("CANCELLED", "")
+
+
+@pytest.mark.parametrize("by_tasks,by_array,ids", [
+    ("sacct-array-ended-first-tasks.txt", "sacct-array-ended-first.txt", ["3_0", "3_1"]),
+    ("sacct-array-cancelled-pending-tasks.txt", "sacct-array-cancelled-pending.txt", ["2_0", "2_1", "2_2"]),
+])
+def test_status_asks_sacct_by_the_array_id_too(stand_in, tmp_path, by_tasks, by_array, ids):
+    """Asked by task ids only, sacct prints nothing for these arrays (recorded: the *-tasks.txt files are empty); the
+    stand-in answers as the harness's sacct did, by whether the array id is among the ids asked."""
+    stand_in("squeue", stderr="squeue-invalid-job-id.stderr", code=1)
+    array = ids[0].split("_")[0]
+    (tmp_path / "bin" / "sacct").write_text(
+        f'#!/bin/sh\nfor arg in "$@"; do case ",$arg," in *,{array},*) /bin/cat {OUT / by_array}; exit 0;; esac; done\n'
+        f"/bin/cat {OUT / by_tasks}\n")
+    (tmp_path / "bin" / "sacct").chmod(0o755)
+    states = slurm.job_states(ids)
+    assert {j: (s.state, s.source) for j, s in states.items()} == {j: (states[j].state, "sacct") for j in ids}
+    assert all(s.state in ("FAILED", "CANCELLED") and s.nodes != "None assigned" for s in states.values()), states
