@@ -22,10 +22,12 @@ import fcntl
 import json
 import os
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from . import liveness
 
 LOCK_FILE = ".launch.lock"
 
@@ -64,6 +66,19 @@ def read_holder(fd: int) -> Holder | None:
         return None
 
 
+def _live_holder(fd: int, wait_s: float = 1.0) -> Holder | None:
+    """The holder written in the lock file, once it is a live process: a submission that has just taken the lock
+    writes itself in a moment later, and until then the file may still name the previous, ended holder."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = read_holder(fd)
+        if found is not None and liveness.is_alive(found.pid):
+            return found
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
+
+
 def note_holder(fd: int, pid: int, job_id: str) -> None:
     """Write who holds the lock now (the runner, once it was handed the descriptor)."""
     text = json.dumps({"pid": pid, "job_id": job_id}).encode()
@@ -100,7 +115,7 @@ def take(run_dir: Path, run_name: str, job_id: str) -> Held:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        holder = read_holder(fd)
+        holder = _live_holder(fd) if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
         os.close(fd)
         if created:
             (Path(run_dir) / LOCK_FILE).unlink(missing_ok=True)
