@@ -92,3 +92,27 @@ def test_a_hung_rank_is_requeued_away_from_its_node_and_the_command_completes(sl
     assert all(d["step"] == steps and d["restart"] == 1 and d["resumed_from"] > 0 for d in done), done
     assert bad not in {d["host"] for d in done}, done
     assert wait_state(cluster, job, {"COMPLETED"}) == "COMPLETED"
+
+
+def test_a_sweep_is_one_held_array_with_its_limit_and_cancel_ends_every_point(slurm_cluster, tmp_path):
+    """A sweep as Slurm's array on every version: one array (``%N`` from --max-parallel), every point's status while
+    it waits (squeue's range record), and every point ``cancelled`` after one ``cancel`` (sacct's pending-cancelled
+    range record, ``15_[0-2%2]``, on every version). The points never start (a begin time an hour away), so the
+    trainer's sweep needs no torch where the job would run."""
+    cluster = slurm_cluster
+    data = json.loads(hpc(cluster, "submit", "digits_lt_demo", "--tasks-per-node", "1", "--set", "train.device=cpu",
+                          "--name", "swept", "--json", "--sweep", "train.seed=0,1,2", "--max-parallel", "2",
+                          "--set", "slurm.extra_sbatch={begin: now+3600}", cwd=tmp_path).stdout.splitlines()[-1])
+    array = data["job_id"]
+    shown = harness.run_slurm(["scontrol", "show", "job", array], env=cluster.env).stdout
+    assert "ArrayTaskThrottle=2" in shown and f"ArrayJobId={array}" in shown, shown
+    points = [f"swept/{array}_{i}" for i in range(3)]
+    waiting = [_status(cluster, tmp_path, p) for p in points]
+    assert [r["state"] for r in waiting] == ["queued"] * 3, waiting
+    assert hpc(cluster, "cancel", "swept", cwd=tmp_path).returncode == 0
+    wait_for(lambda: not harness.run_slurm(["squeue", "-h", "-j", array, "-o", "%i"], env=cluster.env,
+                                           check=False).stdout.strip(), 60, "the array left squeue")
+    ended = wait_for(lambda: (rows := [_status(cluster, tmp_path, p) for p in points])
+                     and all(r["source"] == "sacct" for r in rows) and rows, 60, "every point in sacct")
+    assert [(r["state"], r["slurm_state"]) for r in ended] == [("cancelled", "CANCELLED")] * 3, ended
+    assert not any("None assigned" in json.dumps(r) for r in ended), ended
