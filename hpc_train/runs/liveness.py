@@ -125,15 +125,32 @@ def launched_ranks(events: Sequence[Mapping[str, Any]]) -> list[RankProcess]:
     for event in reversed(events):
         if event.get("event") == RANKS_EVENT:
             try:
-                return [RankProcess(int(r), int(p), int(t)) for r, p, t in event.get("ranks") or []]
+                ranks = [RankProcess(int(r), int(p), int(t)) for r, p, t in event.get("ranks") or []]
             except (TypeError, ValueError):
                 return []
+            # pid 0 or 1, or no start time, would match init, kernel threads or any group: a planted line, not ranks
+            return [rank for rank in ranks if rank.pid > 1 and rank.start_ticks > 0]
     return []
 
 
 def orphans(run_dir: Path) -> list[int]:
-    """Processes of the last local launch's ranks that still run (after its launcher died, nothing should)."""
-    return [pid for rank in launched_ranks(rundir.read_events(Path(run_dir))) for pid in group_members(rank)]
+    """Processes of the last local launch's ranks that still run (after its launcher died, nothing should): members
+    of the recorded ranks' process groups that are this user's and carry this run directory in their environment
+    (the ``ranks`` line is in a shared directory: what it names is checked before anything is signalled)."""
+    return [pid for rank in launched_ranks(rundir.read_events(Path(run_dir))) for pid in group_members(rank)
+            if _of_run(pid, Path(run_dir))]
+
+
+def _of_run(pid: int, run_dir: Path) -> bool:
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    prefix = f"{rundir.RUN_DIR_ENV}=".encode()
+    recorded = [entry[len(prefix):].decode(errors="replace") for entry in environ if entry.startswith(prefix)]
+    return any(os.path.realpath(value) == os.path.realpath(run_dir) for value in recorded)
 
 
 def end_groups(ranks: Sequence[RankProcess], wait_s: float = 5.0) -> list[int]:
@@ -147,9 +164,25 @@ def end_groups(ranks: Sequence[RankProcess], wait_s: float = 5.0) -> list[int]:
     return alive
 
 
-def end_orphans(run_dir: Path) -> list[int]:
-    """``cancel`` of a run whose launcher died while its ranks ran: :func:`end_groups` of its last launch."""
-    return end_groups(launched_ranks(rundir.read_events(Path(run_dir))))
+def end_orphans(run_dir: Path, wait_s: float = 5.0) -> list[int]:
+    """``cancel`` of a run whose launcher died while its ranks ran: SIGTERM to each of its :func:`orphans`, SIGKILL
+    after ``wait_s`` (KillWait) to those left; the pids that were alive. Process by process, never a whole group: a
+    group may hold processes that are not the run's."""
+    alive = orphans(run_dir)
+    _signal_pids(alive, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and orphans(run_dir):
+        time.sleep(0.1)
+    _signal_pids(orphans(run_dir), signal.SIGKILL)
+    return alive
+
+
+def _signal_pids(pids: Sequence[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass  # ended meanwhile
 
 
 # --------------------------------------------------------------------------------------------------
