@@ -196,7 +196,8 @@ def _unrecorded_run(run_dir: Path) -> Run:
 
 _RECORD_TYPES: dict[str, tuple[type, ...]] = {
     "job_id": (str, int), "cluster": (str,), "submitted_at": (str,), "world_size": (int,), "launcher_pid": (int,),
-    "array_job_id": (str, int), "sweep_id": (str, int), "array_job_ids": (list,), "logs": (dict,), "pack": (int,)}
+    "array_job_id": (str, int), "sweep_id": (str, int), "array_job_ids": (list,), "logs": (dict,), "pack": (int,),
+    "ranks_per_node": (int,), "launcher": (str,)}
 """The run record's fields that status, logs, cancel and report read, and the types they read them as."""
 
 

@@ -148,7 +148,8 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 
 _EVENT_TYPES: dict[str, tuple[type, ...]] = {"exit_code": (int,), "restart": (int,), "instance": (str,),
                                              "time": (str,), "reason": (str,), "epoch": (int,),
-                                             "global_step": (int,), "total_epochs": (int,), "step_in_epoch": (int,)}
+                                             "global_step": (int,), "total_epochs": (int,), "step_in_epoch": (int,),
+                                             "rank": (int,), "first_rank": (int,), "note": (str,)}
 """The types :func:`fold` relies on; a line with another (``"exit_code": "x"``) makes the run ``unknown`` with
 the reason, never a traceback in ``status``."""
 

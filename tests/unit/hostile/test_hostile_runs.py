@@ -100,7 +100,8 @@ WRONG = [("job_id", [1]), ("job_id", {"a": 1}), ("job_id", True), ("job_id", 1.5
          ("cluster", ["local"]), ("world_size", "2"), ("world_size", 2.0), ("world_size", -1), ("world_size", True),
          ("logs", "x"), ("logs", ["x"]), ("logs", {"batch": 5}), ("logs", {"rank_out": ["x"]}), ("launcher_pid", "1"),
          ("launcher_pid", -5), ("submitted_at", 5), ("submitted_at", {}), ("array_job_ids", "60"),
-         ("array_job_ids", [None]), ("array_job_id", []), ("sweep_id", {}), ("pack", "2")]
+         ("array_job_ids", [None]), ("array_job_id", []), ("sweep_id", {}), ("pack", "2"), ("ranks_per_node", "2"),
+         ("ranks_per_node", [2]), ("launcher", 5)]
 
 
 @pytest.mark.parametrize("key, value", WRONG, ids=[f"{k}={v!r}" for k, v in WRONG])
@@ -129,7 +130,8 @@ LINES = [("state.jsonl", {"event": "exit", "exit_code": "1"}), ("state.jsonl", {
          ("state.jsonl", {"event": "running", "restart": []}), ("state.jsonl", {"event": "running", "instance": {}}),
          ("state.jsonl", {"event": "failed", "reason": 5}), ("state.jsonl", {"event": "completed", "epoch": "3"}),
          ("state.jsonl", {"event": "running", "time": 5}), ("state.jsonl", {"event": 5}), ("state.jsonl", [1, 2]),
-         ("state.jsonl", "x"), ("metrics.jsonl", {"epoch": 1, "top1": "0.5"}), ("metrics.jsonl", {"epoch": 1, "few": []}),
+         ("state.jsonl", "x"), ("state.jsonl", {"event": "failed", "rank": [1]}),
+         ("state.jsonl", {"event": "failed", "first_rank": [1]}), ("state.jsonl", {"event": "requeued", "note": 5}), ("metrics.jsonl", {"epoch": 1, "top1": "0.5"}), ("metrics.jsonl", {"epoch": 1, "few": []}),
          ("metrics.jsonl", {"epoch": [], "top1": 0.5}), ("metrics.jsonl", {"phase": "main", "epoch": 1, "top1": {}}),
          ("metrics.jsonl", {"phase": "main", "epoch": 1, "val": "x"}),
          ("metrics.jsonl", {"phase": "main", "epoch": 1, "val": {"balanced": "x"}}),
