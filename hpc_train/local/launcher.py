@@ -47,7 +47,7 @@ from typing import Any, Sequence
 
 from ..rank.heartbeat import HANG_TIMEOUT_ENV
 from ..rank.preempt import signal_number  # USR2, SIGUSR2 or 12, as the ranks read slurm.signal
-from ..runs import liveness, rundir
+from ..runs import liveness, rundir, safe_files
 from . import guard as guard_module
 from . import hang_actions
 
@@ -279,7 +279,7 @@ def _start_ranks(launch: Launch, python: str, cwd: str, port: int, instance: str
     command = [python, "-u", "-m", launch.entry, "--resolved", str(run_dir / rundir.JOB_YAML)]
     procs = []
     for rank in range(launch.world_size):
-        with open(run_dir / rundir.RANK_LOG.format(rank=rank), "ab") as rank_log:
+        with os.fdopen(safe_files.open_append(run_dir / rundir.RANK_LOG.format(rank=rank), within=run_dir), "ab") as rank_log:
             procs.append(subprocess.Popen(command, env=rank_environment(launch, rank, port, instance), cwd=cwd,
                                           stdin=subprocess.DEVNULL, stdout=rank_log, stderr=subprocess.STDOUT,
                                           process_group=0, preexec_fn=functools.partial(die_with_parent, os.getpid())))
@@ -353,7 +353,7 @@ def run_launch(launch: Launch, python: str, cwd: str) -> int:
     """One launch of one run: the ranks, their logs, and the state lines around them."""
     run_dir = Path(launch.run_dir)
     (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
-    with open(run_dir / rundir.BATCH_LOG, "a", encoding="utf-8") as batch_log:
+    with os.fdopen(safe_files.open_append(run_dir / rundir.BATCH_LOG, within=run_dir), "a", encoding="utf-8") as batch_log:
         events = rundir.read_events(run_dir)
         if rundir.fold(events).state == rundir.CANCELLED:
             _log(batch_log, "cancelled before it started")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ConfigError
-from ..runs import launch_lock, rundir
+from ..runs import launch_lock, rundir, safe_files
 from ..runs.liveness import RUNNER_MODULE
 from . import launcher
 
@@ -132,7 +132,8 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
         created.write(plan, json.dumps({"launches": launches, "python": sys.executable, "cwd": str(cwd),
                                         "pack": spec.slurm.pack,
                                         "locks": [[fd, d.name] for fd, d in zip(held, run_dirs)]}))
-        with open(run_dirs[0] / rundir.BATCH_LOG, "a", encoding="utf-8") as launcher_log:
+        with os.fdopen(safe_files.open_append(run_dirs[0] / rundir.BATCH_LOG, within=run_dirs[0]), "a",
+                       encoding="utf-8") as launcher_log:  # never through a planted symlink
             proc = subprocess.Popen([sys.executable, "-m", RUNNER_MODULE, str(plan)], cwd=cwd,
                                     stdin=subprocess.DEVNULL, stdout=launcher_log, stderr=subprocess.STDOUT,
                                     start_new_session=True,  # not ended by the terminal, like a Slurm job
