@@ -280,7 +280,8 @@ def log_files(run: Run, rank: int | None = None) -> list[tuple[str, Path]]:
         files.append(("batch", _log_path(run, logs["batch"], "batch")))
     world = int(run.record.get("world_size") or 0)
     per_node = int(run.record.get("ranks_per_node") or 0)
-    by_node = run.record.get("launcher") == "torchrun" and per_node > 0
+    # The local launcher starts every rank itself (one log each), whatever launcher the job names for Slurm.
+    by_node = run.record.get("launcher") == "torchrun" and per_node > 0 and run.record.get("cluster") != "local"
     if by_node:  # the task index of a log file is the node's
         tasks = [rank // per_node] if rank is not None else list(range(max(1, world // per_node)))
     else:

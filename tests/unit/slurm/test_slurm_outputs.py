@@ -161,6 +161,10 @@ def test_logs_rank_counts_ranks_under_torchrun(tmp_path):
     assert [(label, p.name) for label, p in log_files(run)] == [
         ("batch", "50_0_log.err"), ("node 0, ranks 0-1", "50_0_log.out"), ("node 1, ranks 2-3", "50_1_log.err"),
         ("node 1, ranks 2-3", "50_1_log.out")]
+    local = Run(tmp_path / "runs" / "tr" / "l1", {"job_id": "l1", "world_size": 2, "ranks_per_node": 2,
+                                                  "launcher": "torchrun", "cluster": "local",
+                                                  "logs": {"rank_out": str(tmp_path / "runs" / "tr" / "l1" / "r{rank}.log")}})
+    assert [(label, p.name) for label, p in log_files(local, rank=1)] == [("rank 1", "r1.log")]  # one log per rank
 
 
 # sacct's forms of arrays, recorded from the 22.05 harness by tests/slurm_outputs/record_arrays.py (issue 26) -----
@@ -183,11 +187,12 @@ def test_a_job_cancelled_before_it_started_has_no_node_list_not_sacct_placeholde
     assert (found.state, found.nodes) == ("CANCELLED", "")
 
 
-@pytest.mark.parametrize("by_tasks,by_array,ids", [
-    ("sacct-array-ended-first-tasks.txt", "sacct-array-ended-first.txt", ["3_0", "3_1"]),
-    ("sacct-array-cancelled-pending-tasks.txt", "sacct-array-cancelled-pending.txt", ["2_0", "2_1", "2_2"]),
+@pytest.mark.parametrize("by_tasks,by_array,ids,want", [
+    ("sacct-array-ended-first-tasks.txt", "sacct-array-ended-first.txt", ["3_0", "3_1"], "FAILED"),
+    ("sacct-array-cancelled-pending-tasks.txt", "sacct-array-cancelled-pending.txt", ["2_0", "2_1", "2_2"],
+     "CANCELLED"),
 ])
-def test_status_asks_sacct_by_the_array_id_too(stand_in, tmp_path, by_tasks, by_array, ids):
+def test_status_asks_sacct_by_the_array_id_too(stand_in, tmp_path, by_tasks, by_array, ids, want):
     """Asked by task ids only, sacct prints nothing for these arrays (recorded: the *-tasks.txt files are empty); the
     stand-in answers as the harness's sacct did, by whether the array id is among the ids asked."""
     stand_in("squeue", stderr="squeue-invalid-job-id.stderr", code=1)
@@ -197,5 +202,24 @@ def test_status_asks_sacct_by_the_array_id_too(stand_in, tmp_path, by_tasks, by_
         f"/bin/cat {OUT / by_tasks}\n")
     (tmp_path / "bin" / "sacct").chmod(0o755)
     states = slurm.job_states(ids)
-    assert {j: (s.state, s.source) for j, s in states.items()} == {j: (states[j].state, "sacct") for j in ids}
-    assert all(s.state in ("FAILED", "CANCELLED") and s.nodes != "None assigned" for s in states.values()), states
+    assert {j: (s.state, s.source) for j, s in states.items()} == {j: (want, "sacct") for j in ids}
+    assert all(s.nodes != "None assigned" for s in states.values()), states
+
+
+# The same forms recorded on each Slurm version of the harness (tests/cluster/record-outputs, issue 26) ----------
+
+VERSIONS = ["22.05", "24.11", "26.05"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_each_versions_array_and_cancelled_records_are_read(version):
+    ended = text(f"sacct-array-ended-{version}.txt")
+    assert [(j, slurm.parse_sacct(ended, j).state) for j in ("2_0", "2_1", "2_2")] == [
+        ("2_0", "COMPLETED"), ("2_1", "FAILED"), ("2_2", "COMPLETED")]
+    pending = text(f"sacct-array-cancelled-pending-{version}.txt")  # one 5_[0-2%2] record for all three
+    assert [(slurm.parse_sacct(pending, f"5_{i}").state, slurm.parse_sacct(pending, f"5_{i}").nodes)
+            for i in range(3)] == [("CANCELLED", "")] * 3
+    single = slurm.parse_sacct(text(f"sacct-cancelled-before-start-{version}.txt"), "6")
+    assert (single.state, single.nodes) == ("CANCELLED", "")  # not sacct's "None assigned"
+    held = text(f"squeue-array-held-{version}.txt")
+    assert [slurm.parse_squeue(held, f"5_{i}").state for i in range(3)] == ["PENDING"] * 3
