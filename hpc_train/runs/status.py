@@ -102,7 +102,7 @@ def _tail_text(path: Path, limit_bytes: int = 16 << 20) -> str:
 def first_failure(run: Run) -> str | None:
     """The first rank that failed and its host, from the batch log."""
     batch = run.record.get("logs", {}).get("batch")
-    candidates = [_log_path(run, batch, "batch")] if batch else []
+    candidates = [_log_path(run, batch, "batch")] if batch and not outside_batch_log(run) else []
     if batch and batch.endswith(".err"):
         candidates.append(_log_path(run, batch[:-4] + ".out", "batch"))
     for path in candidates:
@@ -276,7 +276,7 @@ def log_files(run: Run, rank: int | None = None) -> list[tuple[str, Path]]:
     rank R is in node ``R // ranks_per_node``'s, labelled with the ranks it holds."""
     logs = run.record.get("logs", {})
     files: list[tuple[str, Path]] = []
-    if rank is None and logs.get("batch"):
+    if rank is None and logs.get("batch") and not outside_batch_log(run):
         files.append(("batch", _log_path(run, logs["batch"], "batch")))
     world = int(run.record.get("world_size") or 0)
     per_node = int(run.record.get("ranks_per_node") or 0)
@@ -296,7 +296,7 @@ def log_files(run: Run, rank: int | None = None) -> list[tuple[str, Path]]:
         for key in ("rank_err", "rank_out"):  # progress (stderr) before the final table (stdout)
             if logs.get(key):
                 path = _log_path(run, _rank_path(logs[key], task), key)
-                if rank is None and task == 0 and logs.get("batch") and path == _log_path(run, logs["batch"], "batch"):
+                if rank is None and task == 0 and logs.get("batch") and path == Path(logs["batch"]):
                     continue  # submitit's form: task 0 shares the batch log
                 files.append((label, path))
     return files
@@ -314,6 +314,20 @@ def _new_chunks(path: Path, offsets: dict[Path, int]) -> Iterator[bytes]:
             after = offsets[path] + len(data)
         offsets[path] = after
         yield data
+
+
+def outside_batch_log(run: Run) -> str:
+    """Where a plain ``sbatch`` run's batch log really is, when its script linked ``logs/batch.log`` to an
+    ``#SBATCH --output`` outside the job's directory (templates/partials/run_dir.j2); "" otherwise. hpc-train does not
+    read it (it reads only files under the job's directory) but says where it is. Any other recorded path that leaves
+    the directory stays an error."""
+    recorded = run.record.get("logs", {}).get("batch")
+    own = run.run_dir / rundir.BATCH_LOG
+    if not recorded or Path(recorded) != own or not os.path.islink(own):
+        return ""
+    target = os.path.realpath(own)
+    root = os.path.realpath(log_root(run))
+    return "" if target == root or target.startswith(root + os.sep) else target
 
 
 def log_sizes(run: Run, rank: int | None = None) -> dict[Path, int]:
@@ -334,6 +348,9 @@ def follow_logs(run: Run, rank: int | None, *, follow: bool, poll_s: float = 1.0
     the job has ended and no new lines arrive. ``since``: start each log there (its size before a launch)."""
     files = log_files(run, rank)
     offsets = {path: (since or {}).get(path, 0) for _, path in files}
+    if rank is None and (outside := outside_batch_log(run)):
+        notice = f"the batch log is {outside}, outside the job's directory: not read here"
+        yield f"[batch] {notice}" if prefix else notice
     while True:
         new = False
         for label, path in files:
