@@ -56,6 +56,14 @@ class RaceRun:
                 "took_s": round(self.took_s, 1), "watchdog": self.watchdog_lines[-3:], "held_status": self.held_status}
 
 
+def _cluster():
+    """The running harness: its ``python`` runs hpc-train where that Slurm version's jobs run (the host's venv on
+    22.05, a chroot's on 24.11 / 26.05), ``job_python`` is that interpreter as a job sees it."""
+    from tests.cluster import harness
+
+    return harness.read_cluster_info()
+
+
 def hpc_env(env: dict[str, str], work: Path) -> dict[str, str]:
     (work / ".state").mkdir(exist_ok=True)  # the run index of these runs (hpc-train does not create its folder)
     out = {**env, "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', os.environ['PATH'])}",
@@ -66,7 +74,7 @@ def hpc_env(env: dict[str, str], work: Path) -> dict[str, str]:
 
 
 def hpc(env: dict[str, str], work: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "hpc_train.cli", *args], capture_output=True, text=True, cwd=work,
+    result = subprocess.run([_cluster().python, "-m", "hpc_train.cli", *args], capture_output=True, text=True, cwd=work,
                             env=hpc_env(env, work), timeout=120)
     if check and result.returncode != 0:
         raise RuntimeError(f"hpc-train {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
@@ -76,7 +84,7 @@ def hpc(env: dict[str, str], work: Path, *args: str, check: bool = True) -> subp
 def submit(env: dict[str, str], work: Path, name: str, hang_timeout_s: int = 10, beat_s: float = 3.0) -> RaceRun:
     out = hpc(env, work, "submit", "--name", name, "--json", "--nodes", "1", "--tasks-per-node", "2",
               "--set", f"slurm.hang_timeout_s={hang_timeout_s}", "--set", "slurm.hang_action=requeue",
-              "--", sys.executable, str(SCRIPT), str(beat_s))
+              "--", _cluster().job_python, str(SCRIPT), str(beat_s))
     data = json.loads(out.stdout.splitlines()[-1])
     return RaceRun(str(data["job_id"]), Path(data["run_dir"]))
 
