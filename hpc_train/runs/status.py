@@ -327,7 +327,9 @@ def outside_batch_log(run: Run) -> str:
         return ""
     target = os.path.realpath(own)
     root = os.path.realpath(log_root(run))
-    return "" if target == root or target.startswith(root + os.sep) else target
+    if target == root or target.startswith(root + os.sep) or not os.path.isfile(target):
+        return ""  # inside (read as usual), or not a log at all (a device, a FIFO): refused as any other path
+    return target
 
 
 def log_sizes(run: Run, rank: int | None = None) -> dict[Path, int]:
