@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 from .. import launch_env
 from ..hostlist import expand
-from ..runs import bad_nodes, liveness, rundir
+from ..runs import bad_nodes, liveness, rundir, safe_files
 from . import requeue
 
 PROBE_TIMEOUT_S = 60.0
@@ -115,9 +115,9 @@ def probe(run_dir: Path, instance: str) -> int:
     this node are the watchdog's plan (:func:`write_plan`); without a plan the task says so and exits 1."""
     host = socket.gethostname()
     try:
-        plan = json.loads(_plan_file(run_dir, instance).read_text())
+        plan = safe_files.read_json(_plan_file(run_dir, instance))  # a run-directory file: no symlink, no FIFO
         pids = {int(rank): int(pid) for rank, pid in plan.get(host, {}).items()}
-    except (OSError, ValueError, AttributeError, TypeError) as exc:
+    except (OSError, ValueError, AttributeError, TypeError, safe_files.RunFileError) as exc:
         print(f"hpc-train: probe on {host}: no readable plan {_plan_file(run_dir, instance)}: {exc}", file=sys.stderr)
         return 1
     logs = rank_logs(run_dir)

@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc_train.slurm import requeue
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "scripts" / "beat_then_hang.py"
-HELD_REASONS = ("job_requeued_in_held_state", "JobHeldUser", "JobHeldAdmin")
 STRANDED_AFTER_S = 20.0
 """Held this long without a break: stranded (the watchdog's hold lasts well under a second when it works)."""
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
@@ -92,7 +93,7 @@ def submit(env: dict[str, str], work: Path, name: str, hang_timeout_s: int = 10,
 def show_job(env: dict[str, str], job_id: str) -> dict[str, str]:
     result = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, env=env,
                             timeout=30)
-    return dict(w.split("=", 1) for w in result.stdout.split() if "=" in w) if result.returncode == 0 else {}
+    return requeue.job_fields(result.stdout) if result.returncode == 0 else {}
 
 
 def follow(env: dict[str, str], work: Path, run: RaceRun, timeout_s: float = 240.0) -> RaceRun:
@@ -105,7 +106,7 @@ def follow(env: dict[str, str], work: Path, run: RaceRun, timeout_s: float = 240
         fields = show_job(env, run.job_id) or fields
         if not run.first_node and fields.get("JobState") == "RUNNING":
             run.first_node = fields.get("NodeList", "")
-        held = fields.get("JobState") == "PENDING" and fields.get("Reason") in HELD_REASONS
+        held = fields.get("JobState") == "PENDING" and fields.get("Reason") in requeue.HELD_REASONS
         now = time.monotonic()
         held_since = (held_since or now) if held else None
         run.held_s = max(run.held_s, now - held_since if held_since else 0.0)
