@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -116,6 +117,12 @@ class RealSlurm:
             raise RuntimeError(f"real_slurm/cluster.sh up failed:\n{result.stdout}{result.stderr}")
 
     def down(self) -> subprocess.CompletedProcess:
+        for host in self.hosts:  # hung stand-ins left their checks' process groups: nothing else ends them
+            for pid in self.hung_smi_pids(host):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         return subprocess.run(["bash", str(CLUSTER_SH), "down", str(self.base)], capture_output=True, text=True, env=self.env)
 
     def in_host(self, host: str, *argv: str, timeout_s: float = 60, **kwargs) -> subprocess.CompletedProcess:
@@ -191,7 +198,12 @@ class RealSlurm:
         path = self.base / f"gpu-{host}.json"
         path.write_text(json.dumps({"loaded_version_file": str(loaded), "gpus": GPUS_PER_NODE, **state}))
         wrapper = self.base / "bin" / f"nvidia-smi-{host}"
-        wrapper.write_text(f'#!/bin/sh\nHPC_TRAIN_FAKE_GPU={path} exec {HERE.parent / "fake_gpu" / "bin" / "nvidia-smi"} "$@"\n')
+        # A hung nvidia-smi is in D state on a real node, where the SIGKILL that slurmd sends the check's process group
+        # once the check ends does nothing (Slurm's run_command_waitpid_timeout: `_kill_pg(pid); /* kill children too
+        # */`). The stand-in would die of it, and the next check would start another: so a hanging one leaves the
+        # check's group (setsid keeps the pid the check recorded), as a process in D state outlives the kill.
+        escape = "setsid " if state.get("hang") else ""
+        wrapper.write_text(f'#!/bin/sh\nHPC_TRAIN_FAKE_GPU={path} exec {escape}{HERE.parent / "fake_gpu" / "bin" / "nvidia-smi"} "$@"\n')
         wrapper.chmod(0o755)
 
     def hung_smi_pids(self, host: str) -> list[int]:
