@@ -39,8 +39,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _carry_run_dir(spec, args: argparse.Namespace) -> None:
+    """Run alone (no launcher), this process is its run's only process: ``hpc-train cancel`` ends it, and signals
+    only a process that carries the run directory in its environment (``/proc/PID/environ``: what it was started
+    with). So, before torch is imported, the process starts itself again (``exec``: the same pid) with
+    ``HPC_TRAIN_RUN_DIR`` set to the run directory it chose."""
+    import os
+
+    from hpc_train.rank.dist import DistEnv
+    from hpc_train.runs import rundir
+
+    if args.dry_run or os.environ.get(rundir.RUN_DIR_ENV) or DistEnv.from_environ().source != "single":
+        return
+    chosen = args.run_dir or str(rundir.alone_run_dir(spec.runs_dir, spec.name))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "hpc_train.train", *sys.argv[1:]],
+              {**os.environ, rundir.RUN_DIR_ENV: os.path.abspath(chosen)})
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse → run this rank (:func:`hpc_train.rank.lifecycle.run`). Returns the exit code."""
+    """Parse → run this rank (:func:`hpc_train.rank.lifecycle.run`). Returns the exit code. Run alone from the
+    command line (``argv`` None), the process first carries its run directory in its environment."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed usage; --help exits 0
@@ -52,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
         resolved = resolve(job_path(args.job), sets=args.sets, site=NO_SITE if args.resolved else None,
                            epochs=args.epochs)
+        if argv is None:
+            _carry_run_dir(resolved.spec, args)
         if resolved.epochs_change and rank_and_host()[0] in (0, None):
             print(resolved.epochs_change, file=sys.stderr, flush=True)
         return resolved.spec, resolved.sources.job_file
