@@ -171,6 +171,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
       hpc-train submit --resume cifar10-lt/4242 --chain 3
     """
     from ..front.follow import stream_rank0, wait_for
+    from ..runs.status_lines import completed_message
     from ..front.submit import submit as submit_job
     from ..runs.status import log_sizes
 
@@ -215,13 +216,13 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
         try:
             if not as_json:
                 stream_rank0(result, click.echo, since=logged_before)
-            wait_for(result)
+            ended = wait_for(result)
         except KeyboardInterrupt:
             click.echo(f"stopped following {result.run_name}; it goes on (hpc-train status / hpc-train cancel "
                        f"{result.run_name})", err=True)
             sys.exit(130)
         if not as_json:
-            click.echo(f"{result.run_name} completed")
+            click.echo(completed_message(result.run_name, ended))
 
 
 def _continued_run(selector: str, runs_dir: str | None, *, lock: bool) -> tuple[Any, Path, Any]:

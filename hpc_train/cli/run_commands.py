@@ -90,8 +90,8 @@ def logs(run: str, runs_dir: str | None, follow: bool, rank: int | None) -> None
 @click.argument("run")
 @runs_dir_option
 def cancel(run: str, runs_dir: str | None) -> None:
-    """Cancel a run (scancel on Slurm; a local run's ranks are ended at once), or a whole sweep (every point, and
-    each of its job arrays). RUN must name it exactly (run name, job id, run directory, or a job name: its latest
+    """Cancel a run (scancel on Slurm; a local run's ranks are ended at once; a `train` run alone gets SIGTERM, it
+    checkpoints, SIGKILL after 30 s), or a whole sweep (every point, and each of its job arrays). RUN must name it exactly (run name, job id, run directory, or a job name: its latest
     run); a RUN that names nothing ('', '/', '_*') or fits runs of several jobs cancels nothing (exit 2).
 
     \b

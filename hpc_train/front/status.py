@@ -99,12 +99,52 @@ def cancel_run(run: Run) -> str:
     if state in rundir.FINAL_STATES:
         return f"{run.name} has already ended ({state}); nothing to cancel"
     _check_recordable(run)
+    alone = _alone_process(run) if run.record.get("alone") else None
     if run.cluster != "local":
         slurm_cli.cancel(run.job_id)
     _record_cancelled(run)
+    if alone is not None:
+        return f"cancelled {run.name} ({_end_alone(run, alone)})"
     if run.cluster == "local":
         return f"cancelled {run.name} (local run{_end_orphans(run)})"
     return f"cancelled {run.name} (job {run.job_id})"
+
+
+ALONE_KILL_WAIT_S = 30.0
+"""How long ``cancel`` gives a ``train`` run alone to checkpoint after SIGTERM before SIGKILL (Slurm's default
+KillWait: the process writes its checkpoint at the next step)."""
+
+
+def _alone_process(run: Run) -> int:
+    """The process of a ``train`` run alone, checked before anything is recorded: this user's, carrying the run
+    directory in its environment (else exit 2, nothing cancelled)."""
+    pid = int(run.record.get("launcher_pid") or 0)
+    if not pid:
+        raise ConfigError(f"{run.name} has not recorded its process yet ({rundir.RANKS_DIR}/rank-0.json); nothing "
+                          "was cancelled: try again in a few seconds")
+    if not liveness.run_process(pid, run.run_dir):
+        raise ConfigError(f"{run.name}: process {pid} is not this user's or does not carry {run.run_dir} in its "
+                          f"environment ({rundir.RUN_DIR_ENV}); nothing was cancelled: end the run yourself")
+    return pid
+
+
+def _end_alone(run: Run, pid: int) -> str:
+    """SIGTERM to the process (it checkpoints), SIGKILL after :data:`ALONE_KILL_WAIT_S`; then the cancel is recorded
+    again, after the lines the process wrote while it ended (its ``preempted`` would otherwise be the run's state),
+    saying what became of it — as the local launcher records a cancelled launch."""
+    before = len(rundir.read_events(run.run_dir))
+    if liveness.end_process(pid, run.run_dir, ALONE_KILL_WAIT_S):
+        checkpointed = any(e.get("event") == rundir.PREEMPTED and e.get("exit_code") == rundir.EXIT_CHECKPOINTED
+                           for e in rundir.read_events(run.run_dir)[before:])  # what it wrote while it ended
+        outcome = (f"it checkpointed (exit {rundir.EXIT_CHECKPOINTED})" if checkpointed
+                   else "it ended without a checkpoint")
+        code = rundir.EXIT_CHECKPOINTED if checkpointed else None
+    else:
+        outcome, code = f"it did not end within {ALONE_KILL_WAIT_S:.0f} s of SIGTERM and was killed (SIGKILL)", None
+    known = {"exit_code": code} if code is not None else {}
+    rundir.append_event(run.run_dir, rundir.CANCELLED, writer="hpc-train cancel", reason=f"cancelled by the user; "
+                        f"{outcome}", **known)
+    return f"train run alone: process {pid} signalled; {outcome}"
 
 
 def _end_orphans(run: Run) -> str:

@@ -130,7 +130,8 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
         launches += [launches[-1]] * (chain - 1)  # a chain: the same run again, resuming
         plan = group / f".local-plan-{run_dirs[0].name}.json"
         created.write(plan, json.dumps({"launches": launches, "python": sys.executable, "cwd": str(cwd),
-                                        "pack": spec.slurm.pack,
+                                        # pack packs sweep points: a chain's launches of one run never overlap
+                                        "pack": spec.slurm.pack if len(run_dirs) > 1 else 1,
                                         "locks": [[fd, d.name] for fd, d in zip(held, run_dirs)]}))
         with os.fdopen(safe_files.open_append(run_dirs[0] / rundir.BATCH_LOG, within=run_dirs[0]), "a",
                        encoding="utf-8") as launcher_log:  # never through a planted symlink
@@ -151,7 +152,10 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
                          f"{len(run_dirs)} local runs, {together}" if len(run_dirs) > 1 else "",
                          f"a chain of {chain} local launches of {run_dirs[0].name}" if chain > 1 else "") if n]
     first = run_dirs[0]
-    return SubmitResult(job_id=first.name, run_name=f"{spec.name}/{first.name}", run_dir=str(first), cluster="local",
+    # A sweep is named as a whole, as a Slurm array is (NAME/<id>_*): status, cancel and --wait act on every point.
+    ident = first.name.rsplit("_", 1)[0] if len(run_dirs) > 1 else first.name
+    shown = f"{ident}_*" if len(run_dirs) > 1 else ident
+    return SubmitResult(job_id=ident, run_name=f"{spec.name}/{shown}", run_dir=str(first), cluster="local",
                         note="; ".join(notes), tasks=tuple(d.name for d in run_dirs) if len(run_dirs) > 1 else (),
                         run_dirs=tuple(str(d) for d in run_dirs))
 

@@ -177,6 +177,27 @@ def end_orphans(run_dir: Path, wait_s: float = 5.0) -> list[int]:
     return alive
 
 
+def run_process(pid: int, run_dir: Path) -> bool:
+    """``pid`` is a process of this run: this user's, carrying the run directory in its environment (a pid read
+    from a shared directory names what may be signalled only after this check)."""
+    return pid > 1 and _of_run(pid, Path(run_dir))
+
+
+def end_process(pid: int, run_dir: Path, wait_s: float) -> bool:
+    """``cancel`` of a run that is one process (``train`` run alone): SIGTERM (it checkpoints), SIGKILL after
+    ``wait_s`` if it is still this run's; True when it ended within ``wait_s`` by itself."""
+    if not run_process(pid, run_dir):
+        return True
+    _signal_pids([pid], signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and is_alive(pid):
+        time.sleep(0.1)
+    if is_alive(pid) and run_process(pid, run_dir):
+        _signal_pids([pid], signal.SIGKILL)
+        return False
+    return True
+
+
 def _signal_pids(pids: Sequence[int], signum: int) -> None:
     for pid in pids:
         try:

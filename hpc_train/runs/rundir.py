@@ -286,3 +286,9 @@ def runs_root(runs_dir: str, cwd: Path | None = None) -> Path:
 
 def run_group(root: Path, name: str) -> Path:
     return root / name
+
+
+def alone_run_dir(runs_dir: str, name: str) -> Path:
+    """Where ``hpc-train train`` / ``python -m hpc_train.train`` run alone puts its run (``local-<time>``), relative
+    to the current directory as ``runs_dir`` is written."""
+    return Path(runs_dir) / name / _dt.datetime.now().strftime("local-%Y%m%d-%H%M%S")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .rundir import COMPLETED, FINAL_STATES
 from .sweeps import SweepStatus
 
 PERCENT_KEYS = ("top1", "balanced", "many", "medium", "few")
@@ -66,12 +67,30 @@ def _not_completed(sweep: Mapping[str, Any], shown: int = 5) -> str | None:
     return "did not complete: " + ", ".join(names[:shown]) + more
 
 
+def _point_names(rows: list[Mapping[str, Any]], shown: int = 5) -> str:
+    names = [row["run"].rsplit("/", 1)[-1] for row in rows]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _ended(sweep: Mapping[str, Any]) -> bool:
+    return all(row["state"] in FINAL_STATES or row["state"] == "unknown" for row in sweep["runs"])
+
+
+def _completed(sweep: Mapping[str, Any]) -> str | None:
+    """An ended sweep names its completed points too (the others are named by ``not_completed``): a sweep that
+    finished is every point's outcome, not its first point's."""
+    done = [row for row in sweep["runs"] if row["state"] == COMPLETED]
+    return f"completed: {_point_names(done)}" if done and _ended(sweep) else None
+
+
 def _arrays(sweep: Mapping[str, Any]) -> str | None:
     ids = sweep.get("array_job_ids") or []
     return f"{len(ids)} job arrays ({', '.join(ids)})" if len(ids) > 1 else None
 
 
-SWEEP_PARTS: list[Part] = [Part("counts", _counts), Part("not_completed", _not_completed), Part("array_job_ids", _arrays)]
+SWEEP_PARTS: list[Part] = [Part("counts", _counts), Part("runs", _completed), Part("not_completed", _not_completed),
+                           Part("array_job_ids", _arrays)]
 """What follows a sweep's name, job id and point count, in this order."""
 
 
@@ -84,6 +103,13 @@ def sweep_line(sweep: SweepStatus | Mapping[str, Any]) -> str:
     data = sweep.to_dict() if isinstance(sweep, SweepStatus) else sweep
     extra = [text for part in SWEEP_PARTS if (text := part.text(data))]
     return f"{data['sweep']}  job {data['job_id']}  {data['points']} point(s): " + "; ".join(extra)
+
+
+def completed_message(run_name: str, rows: list[Mapping[str, Any]]) -> str:
+    """``submit --wait`` that ended well: the run, or a sweep with every point it ran."""
+    if len(rows) == 1:
+        return f"{run_name} completed"
+    return f"{run_name} completed: all {len(rows)} points ({_point_names(list(rows), shown=10)})"
 
 
 def not_completed_message(sweep: SweepStatus) -> str:

@@ -39,12 +39,44 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _carry_run_dir(args: argparse.Namespace) -> None:
+    """Run alone (no launcher), this process is its run's only process: ``hpc-train cancel`` ends it, and signals
+    only a process that carries the run directory in its environment (``/proc/PID/environ``: what it was started
+    with). So the process first starts itself again (``exec``: the same pid) with ``HPC_TRAIN_RUN_DIR`` set to the
+    run directory it chose — before the rank's signal handlers are installed (an exec would drop them, and a
+    preemption signal they had caught) and before torch is imported. A job that does not resolve is left to the
+    normal path, which reports it."""
+    import os
+
+    from hpc_train.config import NO_SITE, job_path, resolve
+    from hpc_train.errors import HpcTrainError
+    from hpc_train.rank.dist import DistEnv
+    from hpc_train.runs import rundir
+
+    try:
+        if args.dry_run or os.environ.get(rundir.RUN_DIR_ENV) or DistEnv.from_environ().source != "single":
+            return
+        spec = resolve(job_path(args.job), sets=args.sets, site=NO_SITE if args.resolved else None,
+                       epochs=args.epochs).spec
+    except (HpcTrainError, OSError, ValueError):
+        return
+    chosen = args.run_dir or str(rundir.alone_run_dir(spec.runs_dir, spec.name))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "hpc_train.train", *sys.argv[1:]],
+              {**os.environ, rundir.RUN_DIR_ENV: os.path.abspath(chosen)})
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse → run this rank (:func:`hpc_train.rank.lifecycle.run`). Returns the exit code."""
+    """Parse → run this rank (:func:`hpc_train.rank.lifecycle.run`). Returns the exit code. Run alone from the
+    command line (``argv`` None), the process first carries its run directory in its environment."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed usage; --help exits 0
         return int(exc.code or 0)
+
+    if argv is None:  # the command line, not a test calling main()
+        _carry_run_dir(args)
 
     def load_job():
         from hpc_train.config import NO_SITE, job_path, resolve

@@ -15,7 +15,6 @@ import logging
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -113,7 +112,7 @@ def set_tf32(on: bool) -> None:
 
 
 def default_run_dir(spec: JobSpec) -> Path:
-    return Path(spec.runs_dir) / spec.name / time.strftime("local-%Y%m%d-%H%M%S")
+    return rundir.alone_run_dir(spec.runs_dir, spec.name)
 
 
 def choose_run_dir(spec: JobSpec, explicit: str | None) -> Path:

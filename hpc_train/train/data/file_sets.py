@@ -1,7 +1,8 @@
 """On-disk data sets: list files (ImageNet-LT / Places-LT / iNaturalist) and ImageFolder trees, as
 :class:`~.sources.FileSplit` path lists (DataLoader workers read the images, :mod:`.file_batches`), and
-the staging of list-file images to node-local disk. Missing or unreadable files raise
-:class:`~.sources.DataError` (exit 2) naming what was expected.
+the staging of list-file images to node-local disk (list files are read and checked by
+:mod:`.list_files`). Missing or unreadable files raise :class:`~.sources.DataError` (exit 2) naming what was
+expected.
 """
 
 from __future__ import annotations
@@ -11,50 +12,21 @@ from pathlib import Path
 import numpy as np
 
 from ...config import DataConfig
+from . import list_files
 from .sources import (IMAGENET_MEAN, IMAGENET_STD, DataError, DataSource, FileSplit, longtail_counts,
                       longtail_indices, take, with_holdout)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-
-
-def read_list_file(list_path: Path, image_root: Path) -> FileSplit:
-    """``relative/path label`` per line (blank lines and ``#`` comments skipped; the path may contain
-    spaces, the label is the last field)."""
-    try:
-        lines = list_path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise DataError(f"list file not found: {list_path}; set train.data.train_list/test_list "
-                        "(absolute, or relative to train.data.root)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"cannot read list file {list_path}: {exc}") from None
-    paths, labels = [], []
-    for number, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        parts = text.rsplit(None, 1)
-        if len(parts) != 2 or not parts[1].lstrip("-").isdigit() or int(parts[1]) < 0:
-            raise DataError(f"{list_path}:{number}: expected 'relative/path label' with an integer label >= 0, "
-                            f"got {text!r}")
-        paths.append(parts[0])
-        labels.append(int(parts[1]))
-    if not paths:
-        raise DataError(f"list file {list_path} has no entries")
-    split = FileSplit(image_root, paths, np.asarray(labels, dtype=np.int64))
-    _check_some_files(split, str(list_path))
-    return split
-
-
-def _check_some_files(split: FileSplit, what: str) -> None:
-    # Stat a few entries, not all: 100k+ stats on a network filesystem would take a while. A file that
-    # goes missing later fails in the loader with its path in the message.
-    picks = sorted({0, len(split.paths) // 2, len(split.paths) - 1})
-    missing = [split.paths[i] for i in picks if not (split.root / split.paths[i]).is_file()]
-    if missing:
-        raise DataError(f"{what}: image {split.root / missing[0]} does not exist; train.data.root must be the "
-                        "directory the list's relative paths start from")
+def read_list_file(list_path: Path, image_root: Path, num_classes: int | None = None) -> FileSplit:
+    """``relative/path label`` per line, every entry checked before any rank trains (:mod:`.list_files`): paths
+    under ``image_root``, regular files, labels >= 0 (and below ``num_classes`` where given)."""
+    entries = list_files.read_entries(list_path)
+    if num_classes is not None:
+        list_files.check_labels(entries, list_path, num_classes)
+    list_files.check_files(entries, list_path, image_root)
+    return FileSplit(image_root, [e.path for e in entries], np.asarray([e.label for e in entries], dtype=np.int64))
 
 
 def _resolve_list(root: Path, name: str) -> Path:
@@ -63,12 +35,17 @@ def _resolve_list(root: Path, name: str) -> Path:
 
 
 def load_list(cfg: DataConfig, image_root: Path | None = None) -> DataSource:
+    """The training list decides the classes (0 .. its largest label, each with an image); the held-out and
+    test lists may use only those."""
     root = Path(cfg.root).expanduser()
     images_at = image_root or root
-    train = read_list_file(_resolve_list(root, cfg.train_list or ""), images_at)
-    test = read_list_file(_resolve_list(root, cfg.test_list or ""), images_at)
-    val = read_list_file(_resolve_list(root, cfg.val_list), images_at) if cfg.val_list else None
-    num_classes = int(max(train.labels.max(), test.labels.max(), val.labels.max() if val else 0)) + 1
+    train_list = _resolve_list(root, cfg.train_list or "")
+    entries = list_files.read_entries(train_list)
+    num_classes = list_files.class_count(entries, train_list)
+    list_files.check_files(entries, train_list, images_at)
+    train = FileSplit(images_at, [e.path for e in entries], np.asarray([e.label for e in entries], dtype=np.int64))
+    test = read_list_file(_resolve_list(root, cfg.test_list or ""), images_at, num_classes)
+    val = read_list_file(_resolve_list(root, cfg.val_list), images_at, num_classes) if cfg.val_list else None
     if val is None:
         train, val = with_holdout(train, cfg)
     return DataSource("list", num_classes, train, test, val, IMAGENET_MEAN, IMAGENET_STD, 3, cfg.image_size,

@@ -15,6 +15,8 @@ fresh start is a new run, not a fallback).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import random
@@ -50,18 +52,54 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+class CheckpointWriteError(HpcTrainError):
+    """A checkpoint could not be written (a full disk, a quota, a read-only filesystem): the run fails (exit 1)
+    naming the file and the reason; the previous checkpoint is intact (the failed write never took its name)."""
+
+    exit_code = 1
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc``: torch.save reports a failed write as a RuntimeError ("unexpected pos …") whose
+    context is the OSError that says why (ENOSPC)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def write_failed(exc: BaseException, path: Path) -> CheckpointWriteError:
+    """``no space left on device writing PATH (ENOSPC); …``: the reason the run's state records."""
+    cause = _os_error_in(exc)
+    if cause is not None and cause.errno:
+        why = f"{os.strerror(cause.errno)[:1].lower()}{os.strerror(cause.errno)[1:]}"
+        name = f" ({errno.errorcode.get(cause.errno, cause.errno)})"
+    else:
+        why, name = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", ""
+    older = [p.name for p in list_checkpoints(path.parent.parent) if p != path]
+    kept = f"the previous checkpoint {older[0]} is intact" if older else "no earlier checkpoint"
+    return CheckpointWriteError(f"{why} writing {path}{name}; {kept}: free space there, then hpc-train submit "
+                                "--resume RUN")
+
+
 def save_atomic(state: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``state`` to a temporary file, fsync it, rename it to ``path``: a failed write (a full disk) leaves no
+    file under a checkpoint's name and raises :class:`CheckpointWriteError`."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:
+        raise write_failed(exc, path) from exc
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # what a failed write left: it would keep the disk full
     try:  # make the rename itself durable
         fd = os.open(path.parent, os.O_RDONLY)
         try:

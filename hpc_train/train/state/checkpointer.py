@@ -131,6 +131,8 @@ class Checkpointer:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
+            if isinstance(error, ckpt.CheckpointWriteError):  # it names the file and why (ENOSPC)
+                raise error
             where = ckpt.checkpoint_dir(self.run_dir)
             raise RuntimeError(f"writing a checkpoint to {where} failed: {error}") from error
 

@@ -44,14 +44,21 @@ def test_local_submit_wait_status_logs(tmp_path):
     assert "[rank 0] " in logs and "[batch] " in logs  # rank 1 logs only warnings: its file is empty
 
 
-def test_local_sweep_then_resume_and_chain_run_one_after_another(tmp_path):
+def test_local_packed_sweep_names_every_point_then_resume_and_chain_run_one_after_another(tmp_path):
+    # A packed sweep (two points at a time) is named as a whole, as a Slurm array is, and when it is done every
+    # point is named: it printed its point 0 alone (issue 28, item 8).
     one_rank = ["--tasks-per-node", "1", "--set", "train.batch_size=64", "--set", "train.epochs=1", *QUICK]
-    result = run("submit", "--cluster", "local", "--sweep", "train.seed=0,1", *one_rank, "--wait", "--json",
-                 cwd=tmp_path)
+    result = run("submit", "--cluster", "local", "--sweep", "train.seed=0,1", "--set", "slurm.pack=2", *one_rank,
+                 "--wait", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout.splitlines()[0])
-    tasks = out["tasks"]
-    assert len(tasks) == 2 and "2 local runs, one after another" in out["note"]
+    tasks = sorted(p.name for p in (tmp_path / "runs/digits-lt-demo").glob("local-*"))
+    sweep = tasks[0].rsplit("_", 1)[0]
+    assert tasks == [f"{sweep}_0", f"{sweep}_1"] and "2 local runs, 2 at a time" in result.stderr
+    assert result.stdout.splitlines()[0].startswith(f"submitted digits-lt-demo/{sweep}_* (job {sweep}, local)")
+    assert result.stdout.splitlines()[-1] == (f"digits-lt-demo/{sweep}_* completed: all 2 points "
+                                              f"({sweep}_0, {sweep}_1)"), result.stdout
+    shown = run("status", f"digits-lt-demo/{sweep}_*", cwd=tmp_path).stdout
+    assert f"2 point(s): 2 completed; completed: {sweep}_0, {sweep}_1" in shown, shown
     runs = {s["job_id"]: s for s in status(tmp_path)}
     assert [runs[t]["state"] for t in tasks] == ["completed", "completed"]
     seeds = [json.loads((tmp_path / "runs/digits-lt-demo" / t / "config.json").read_text())["train"]["seed"] for t in tasks]

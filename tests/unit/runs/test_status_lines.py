@@ -54,6 +54,7 @@ def sweep(tmp_path):
 def test_a_sweep_is_one_line_of_its_points_per_state_and_a_point_is_one(tmp_path, sweep):
     line = cli("status", "lt-sweep", cwd=tmp_path).stdout.strip()
     assert line == ("lt-sweep/local-1_*  job local-1  4 point(s): 2 completed, 1 failed, 1 cancelled; "
+                    "completed: local-1_0, local-1_1; "
                     "did not complete: local-1_2 failed, local-1_3 cancelled")
     for ref in ("lt-sweep/local-1_*", "local-1", "lt-sweep/local-1"):
         assert cli("status", ref, cwd=tmp_path).stdout.strip() == line, ref
