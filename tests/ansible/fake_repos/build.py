@@ -8,8 +8,8 @@ on NVIDIA's EL packaging) and a few marker files. Where behaviour matters the st
   * "bash" is a static busybox, so rpm can run those scriptlets inside the root;
   * kernel-core owns /lib/modules/<kernel>, as on EL, and its %posttrans makes the kernel GRUB's default through the
     grubby stand-in (stand_ins/grubby), as kernel-install does on EL; each kernel has EL9's kernel-devel-matched, and
-    dkms requires it as EPEL's dkms spec does ("(kernel-devel-matched if kernel-core)"), so asking for dkms alone
-    brings the newest kernel-core with it;
+    dkms requires it as EPEL's dkms spec does ("(kernel-devel-matched if kernel-core)"). Cannot show: which
+    kernel-devel-matched EL9's dnf picks for dkms alone (Debian's dnf 4.14 takes the installed kernel's own);
   * nvidia-persistenced's unit has no [Install] section, as NVIDIA packages it.
 The cuda repository carries modulemd v2 metadata for streams <branch>-open and <branch>-dkms, one module version per
 driver release, so dnf's modular filtering and `dnf module switch-to` work as on a real EL9 host.
@@ -289,9 +289,8 @@ def main(out_dir: Path) -> dict:
                  [SubPackage(PYTHON_PACKAGE, files={"/usr/share/hpc-train-stand-in/python3.11": "stand-in\n"})]),
         ],
         "epel": [Spec("fake-dkms", DKMS_VERSION, "1.el9", None, "noarch",
-                      # EPEL's dkms spec (EL9): Requires: (kernel-devel-matched if kernel-core). Unless the roles name
-                      # the target kernel's kernel-devel-matched, dnf takes the newest, and with it a newer kernel-core,
-                      # whose %posttrans makes it GRUB's default in the middle of the run (issue 29 item 6).
+                      # EPEL's dkms spec (EL9): Requires: (kernel-devel-matched if kernel-core). The roles name the
+                      # target kernel's kernel-devel-matched themselves (issue 29 item 6).
                       [SubPackage("dkms", requires=["(kernel-devel-matched if kernel-core)"],
                                   files={"/usr/sbin/dkms": (HERE / "stand_ins" / "dkms").read_text()})])],
         "cuda": [driver_spec(v) for v in DRIVER_VERSIONS + [ROLLBACK_VERSION]] + [
