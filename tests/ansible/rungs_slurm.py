@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -104,11 +105,26 @@ def registered_with_gpus(nodes: dict[str, dict]) -> bool:
     return all(nodes.get(n, {}).get("State") == "IDLE" and nodes[n].get("Gres") == "gpu:h100:4" for n in NODES.values())
 
 
+def pci_bus(cluster: RealSlurm, host: str, nvswitches: int) -> None:
+    """The PCI bus the health check on `host` reads (the inventory's gpu_health_pci_devices_path, pci-<host>): its GPUs
+    and `nvswitches` NVSwitches (NVIDIA functions of class 0x0680, as on an HGX baseboard), in the fixtures' layout."""
+    machine = cluster.base / f"pci-{host}-machine"
+    shutil.rmtree(machine, ignore_errors=True)
+    lib.build_fixture_machine({"pci_devices": [["0x10de", "0x030200"]] * 4 + [["0x10de", "0x068000", "0x22a3"]] * nvswitches,
+                               "secure_boot": False}, machine)
+    link = cluster.base / f"pci-{host}"
+    link.unlink(missing_ok=True)
+    link.symlink_to(machine / "sys" / "bus" / "pci" / "devices")
+
+
 def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
     cluster.write_roots(configless=False)
     cluster.up()
     for host in NODES:
         cluster.fake_gpus(host)
+    # gpu01 is an HGX node (4 NVSwitches), gpu02 a PCIe one: the health check finds that out itself (fabric_manager auto).
+    pci_bus(cluster, "gpu01", nvswitches=4)
+    pci_bus(cluster, "gpu02", nvswitches=0)
     site = cluster.site_slurm_conf()
     # Check mode on the controller and the GPU nodes (the login host takes the GPU nodes' path, see play 3), with DCGM
     # on and the driver loaded: DCGM is not installed in check mode, so there is no unit to start.
@@ -261,6 +277,28 @@ def health(ladder, cluster: RealSlurm) -> None:
     for name in NODES.values():
         cluster.in_host(cluster.controller, "scontrol", "update", f"nodename={name}", "state=resume")
     rolling_upgrade(ladder, cluster)
+    nvswitch_fabric(ladder, cluster)
+
+
+def nvswitch_fabric(ladder, cluster: RealSlurm) -> None:
+    """gpu01 has NVSwitches on its PCI bus, gpu02 none; both GPUs' fabric registration stuck (nvidia-fabricmanager not
+    running: every CUDA call fails with error 802 while nvidia-smi answers as usual). Only the NVSwitch node is drained,
+    and resumed once its fabric is up."""
+    stuck = {"fabric": ["In Progress", "N/A"]}
+    cluster.fake_gpus("gpu01", **stuck)
+    cluster.fake_gpus("gpu02", **stuck)
+    reason = "gpu_health: NVSwitch fabric not up on 4 GPU(s) (GPU 0: In Progress, N/A)"
+    nodes = cluster.wait("fabric drain", lambda: (lambda n: n.get("gpu01", {}).get("Reason") == reason and n)(cluster.nodes()), 20) \
+        or cluster.nodes()
+    ladder.check("real_slurm/gpu_health: a node with NVSwitches on its PCI bus (NVIDIA class 0x0680) whose GPU fabric is not up is "
+                 "drained, not left in service into CUDA error 802; a PCIe node whose GPUs answer the same is left alone",
+                 "DRAIN" in nodes.get("gpu01", {}).get("State", "") and nodes.get("gpu-b02", {}).get("State") == "IDLE",
+                 json.dumps({n: {k: v.get(k) for k in ("State", "Reason")} for n, v in nodes.items()}))
+    cluster.fake_gpus("gpu01")
+    cluster.fake_gpus("gpu02")
+    nodes = cluster.wait_nodes(["gpu01"], timeout_s=20)
+    ladder.check("real_slurm/gpu_health: once the fabric is up (Completed, Success) the NVSwitch node is resumed",
+                 nodes.get("gpu01", {}).get("State") == "IDLE", json.dumps({k: nodes.get("gpu01", {}).get(k) for k in ("State", "Reason")}))
 
 
 def xid_marker(ladder, cluster: RealSlurm) -> None:

@@ -192,9 +192,81 @@ def test_no_driver_at_all_is_data_not_a_failure(node: dict) -> None:
     assert result["installed"] == {"version": "", "flavor": "", "fabricmanager": False}
     assert result["modules"] == [] and result["module_built"] is False and result["driver_version"] == ""
     assert result["built"] == [] and result["precompiled"] == [] and result["version_mismatch"] is False
+    assert result["how"] == {"method": "", "version": "", "flavor": "", "packages": [], "evidence": []}
 
 
 def test_rpm_failure_is_a_failure_with_the_reason(node: dict) -> None:
     stand_in(node["bin"], "rpm", "echo 'error: cannot open Packages database' >&2\nexit 1\n")
     result = run_module(node, kernel=KERNEL)
     assert result["failed"] is True and "cannot open Packages database" in result["msg"]
+
+
+# ------------------------------------------------------------------------------------------------ how it was installed
+# A driver installed another way is a driver, not "no driver" (issue 29 item 3): the role would otherwise take the node
+# for a fresh install and change packages under running jobs with no drain. The rpm lists are fixtures/driver_facts/
+# rpm-*.txt: NVIDIA's EL7 latest-dkms flavour (yum-packaging-nvidia-driver's rhel7 names), ELRepo's kmod-nvidia and
+# its legacy 470xx, NVIDIA's DKMS packages as this role installs them.
+
+
+def packages_of(name: str) -> dict:
+    return dict(line.split(" ", 1) for line in (CANNED / name).read_text().splitlines())
+
+
+NO_LOAD = {"version": "", "flavor": ""}
+
+
+@pytest.mark.parametrize("rpm_list, method, version, flavor, some_packages", [
+    ("rpm-el7-latest-dkms.txt", "nvidia-el7-latest-dkms", "550.163.01", "proprietary",
+     ["kmod-nvidia-latest-dkms", "nvidia-driver-latest-dkms", "nvidia-driver-latest-dkms-cuda"]),
+    ("rpm-elrepo.txt", "elrepo-kmod", "550.135", "proprietary", ["kmod-nvidia", "nvidia-x11-drv", "nvidia-x11-drv-libs"]),
+    ("rpm-elrepo-legacy.txt", "elrepo-kmod", "470.256.02", "proprietary", ["kmod-nvidia-470xx", "nvidia-x11-drv-470xx"]),
+    ("rpm-nvidia-dkms.txt", "nvidia-dkms", "570.172.08", "open", []),
+])
+def test_how_a_packaged_driver_was_installed(tmp_path: Path, rpm_list: str, method: str, version: str, flavor: str,
+                                             some_packages: list) -> None:
+    how = facts.install_method(str(tmp_path), packages_of(rpm_list), facts.KMOD_PACKAGES, NO_LOAD, [])
+    assert (how["method"], how["version"], how["flavor"]) == (method, version, flavor)
+    assert set(some_packages) <= set(how["packages"]) and "nvidia-container-toolkit" not in how["packages"]
+    if method == "nvidia-dkms":
+        assert how["packages"] == []  # this role's own install: nothing to remove on a change
+
+
+def test_elrepo_legacy_kmod_is_not_taken_for_a_precompiled_one() -> None:
+    assert facts.precompiled_kmods(packages_of("rpm-elrepo-legacy.txt"), facts.KMOD_PACKAGES) == []
+
+
+@pytest.mark.parametrize("leftover", ["usr/bin/nvidia-uninstall", "usr/bin/nvidia-installer"])
+def test_runfile_install_is_told_by_its_files_even_next_to_packages(tmp_path: Path, leftover: str) -> None:
+    (tmp_path / leftover).parent.mkdir(parents=True)
+    (tmp_path / leftover).write_text("#!/bin/sh\n")
+    how = facts.install_method(str(tmp_path), packages_of("rpm-nvidia-dkms.txt"), facts.KMOD_PACKAGES, NO_LOAD, [])
+    assert how["method"] == "runfile" and how["evidence"] == ["/" + leftover]
+
+
+def test_runfile_install_is_told_by_a_module_no_package_owns(tmp_path: Path) -> None:
+    module = [{"path": "/lib/modules/k/kernel/drivers/video/nvidia.ko", "version": "550.163.01", "flavor": "proprietary"}]
+    how = facts.install_method(str(tmp_path), {"nvidia-container-toolkit": "1.17.7"}, facts.KMOD_PACKAGES, NO_LOAD, module)
+    assert (how["method"], how["version"], how["flavor"]) == ("runfile", "550.163.01", "proprietary")
+
+
+def test_a_loaded_driver_without_packages_is_a_runfile_on_the_live_root_only(tmp_path: Path) -> None:
+    loaded = {"version": "550.163.01", "flavor": "proprietary"}
+    assert facts.install_method("/", {}, facts.KMOD_PACKAGES, loaded, [])["method"] == "runfile"
+    # An image root's "loaded" driver is the build host's.
+    assert facts.install_method(str(tmp_path), {}, facts.KMOD_PACKAGES, loaded, [])["method"] == ""
+
+
+def test_module_reports_an_elrepo_driver(node: dict) -> None:
+    node["rpm_list"].write_text((CANNED / "rpm-elrepo.txt").read_text())
+    result = run_module(node, kernel=KERNEL)
+    assert result["how"]["method"] == "elrepo-kmod" and result["how"]["version"] == "550.135"
+
+
+def test_module_reports_a_runfile_install(node: dict) -> None:
+    node["rpm_list"].write_text("")
+    bin_dir = node["root"] / "usr" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "nvidia-uninstall").symlink_to("nvidia-installer")  # as the .run leaves it (a dangling link counts)
+    result = run_module(node, kernel=KERNEL)
+    assert result["how"]["method"] == "runfile" and "/usr/bin/nvidia-uninstall" in result["how"]["evidence"]
+    assert result["how"]["version"] == "570.172.08"  # the module it left for the kernel

@@ -7,7 +7,9 @@ on NVIDIA's EL packaging) and a few marker files. Where behaviour matters the st
     (stand_ins/dkms) "builds" only for a kernel whose kernel-devel is installed;
   * "bash" is a static busybox, so rpm can run those scriptlets inside the root;
   * kernel-core owns /lib/modules/<kernel>, as on EL, and its %posttrans makes the kernel GRUB's default through the
-    grubby stand-in (stand_ins/grubby), as kernel-install does on EL;
+    grubby stand-in (stand_ins/grubby), as kernel-install does on EL; each kernel has EL9's kernel-devel-matched, and
+    dkms requires it as EPEL's dkms spec does ("(kernel-devel-matched if kernel-core)"). Cannot show: which
+    kernel-devel-matched EL9's dnf picks for dkms alone (Debian's dnf 4.14 takes the installed kernel's own);
   * nvidia-persistenced's unit has no [Install] section, as NVIDIA packages it.
 The cuda repository carries modulemd v2 metadata for streams <branch>-open and <branch>-dkms, one module version per
 driver release, so dnf's modular filtering and `dnf module switch-to` work as on a real EL9 host.
@@ -245,6 +247,9 @@ def kernel_spec(kernel: str) -> Spec:
         SubPackage("kernel-core", dirs=[modules], files={f"{modules}/vmlinuz": "stand-in\n"}, posttrans=posttrans),
         SubPackage("kernel-devel", files={f"/usr/src/kernels/{kernel}.x86_64/Makefile": "# stand-in\n"}),
         SubPackage("kernel-headers", files={f"/usr/include/linux/hpc-train-stand-in-{release}.h": "/* stand-in */\n"}),
+        # EL9's meta package: the devel files of exactly this kernel-core (which it requires: asked for by name alone,
+        # the newest one brings the newest kernel-core with it).
+        SubPackage("kernel-devel-matched", requires=[f"kernel-core = {version}-{release}", f"kernel-devel = {version}-{release}"]),
     ])
 
 
@@ -284,7 +289,10 @@ def main(out_dir: Path) -> dict:
                  [SubPackage(PYTHON_PACKAGE, files={"/usr/share/hpc-train-stand-in/python3.11": "stand-in\n"})]),
         ],
         "epel": [Spec("fake-dkms", DKMS_VERSION, "1.el9", None, "noarch",
-                      [SubPackage("dkms", files={"/usr/sbin/dkms": (HERE / "stand_ins" / "dkms").read_text()})])],
+                      # EPEL's dkms spec (EL9): Requires: (kernel-devel-matched if kernel-core). The roles name the
+                      # target kernel's kernel-devel-matched themselves (issue 29 item 6).
+                      [SubPackage("dkms", requires=["(kernel-devel-matched if kernel-core)"],
+                                  files={"/usr/sbin/dkms": (HERE / "stand_ins" / "dkms").read_text()})])],
         "cuda": [driver_spec(v) for v in DRIVER_VERSIONS + [ROLLBACK_VERSION]] + [
             Spec("fake-cuda-toolkit", CUDA_VERSION + ".1", "1", None, "x86_64", [
                 SubPackage(f"cuda-toolkit-{CUDA_VERSION.replace('.', '-')}",

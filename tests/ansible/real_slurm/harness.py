@@ -196,7 +196,8 @@ class RealSlurm:
         line = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {}  Release Build  (stand-in)\n"
         loaded.write_text(line.format(driver))
         path = self.base / f"gpu-{host}.json"
-        path.write_text(json.dumps({"loaded_version_file": str(loaded), "gpus": GPUS_PER_NODE, **state}))
+        # H100s whose NVSwitch fabric is up (what an HGX node's GPUs report once nvidia-fabricmanager has set them up)
+        path.write_text(json.dumps({"loaded_version_file": str(loaded), "gpus": GPUS_PER_NODE, "fabric": ["Completed", "Success"], **state}))
         wrapper = self.base / "bin" / f"nvidia-smi-{host}"
         # A hung nvidia-smi is in D state on a real node, where the SIGKILL that slurmd sends the check's process group
         # once the check ends does nothing (Slurm's run_command_waitpid_timeout: `_kill_pg(pid); /* kill children too

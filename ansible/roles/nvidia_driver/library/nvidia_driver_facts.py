@@ -61,9 +61,20 @@ built: {description: "The same modules as 'version flavour' strings, for message
 module_built: {description: Whether a module of the installed version and flavour is built for the kernel., type: bool, returned: always}
 version_mismatch: {description: The kernel module package and the userspace driver are installed at different versions., type: bool, returned: always}
 precompiled: {description: "NVIDIA's precompiled kernel module packages installed (kmod-nvidia-<driver>-<kernel>), which DKMS does not build.", type: list, returned: always}
+how:
+  description: >-
+    How the driver was installed (stackhpc gpu_info.py's "what is installed and how" as data): method is nvidia-dkms
+    (NVIDIA's DKMS packages, what this role installs), nvidia-el7-latest-dkms (EL7's nvidia-driver-latest-dkms*),
+    nvidia-precompiled, elrepo-kmod (ELRepo's kmod-nvidia and nvidia-x11-drv), runfile (NVIDIA's .run installer) or ''
+    (no driver); version and flavour of that install; packages, the rpm packages that belong to it; evidence, what
+    told the method (package names, or the .run installer's files).
+  type: dict
+  returned: always
 """
 
 KMOD_PACKAGES = {"open": "kmod-nvidia-open-dkms", "proprietary": "kmod-nvidia-latest-dkms"}
+# Files NVIDIA's .run installer leaves (nvidia-installer --uninstall is what removes it; nvidia-uninstall is its link).
+RUNFILE_FILES = ("usr/bin/nvidia-uninstall", "usr/bin/nvidia-installer")
 MODULE_FILES = ("nvidia.ko", "nvidia.ko.xz", "nvidia.ko.zst", "nvidia.ko.gz")
 # MODULE_LICENSE of the two flavours.
 LICENSE_FLAVOR = {"Dual MIT/GPL": "open", "NVIDIA": "proprietary"}
@@ -116,7 +127,62 @@ def driver_version(packages):
 def precompiled_kmods(packages, kmod_packages):
     """NVIDIA's precompiled (signed) kernel module packages, kmod-nvidia[-open]-<driver>-<kernel>: not DKMS's."""
     dkms = set(kmod_packages.values())
-    return sorted(name for name in packages if re.match(r"^kmod-nvidia(-open)?-[0-9]", name) and name not in dkms)
+    # Not ELRepo's legacy kmod-nvidia-470xx (a branch, no kernel in its name).
+    return sorted(name for name in packages if re.match(r"^kmod-nvidia(-open)?-[0-9]", name) and name not in dkms
+                  and not re.match(r"^kmod-nvidia(-open)?-[0-9]+xx$", name))
+
+
+def el7_latest_dkms(packages):
+    """EL7's nvidia-driver-latest-dkms flavour (NVIDIA's yum-packaging-nvidia-driver, rhel7 branch): its userspace
+    packages nvidia-driver-latest-dkms*, its kernel module kmod-nvidia-latest-dkms."""
+    return sorted(n for n in packages if n.startswith("nvidia-driver-latest-dkms") or n == "kmod-nvidia-latest-dkms")
+
+
+def elrepo_packages(packages):
+    """ELRepo's driver: kmod-nvidia (or a legacy kmod-nvidia-470xx) and its userspace nvidia-x11-drv*."""
+    return sorted(n for n in packages if re.match(r"^kmod-nvidia(-open)?(-[0-9]+xx)?$", n) or n.startswith("nvidia-x11-drv"))
+
+
+def runfile_evidence(root, packages, loaded, modules):
+    """Signs of NVIDIA's .run installer: the files it installs (nvidia-uninstall, nvidia-installer), or a module built
+    (or, on the live root, a driver loaded) while no kernel module package of any kind is installed: the .run puts
+    nvidia.ko under /lib/modules/<kernel>/kernel/drivers/video, owned by no package. (An image root's "loaded" driver
+    is the build host's, so it says nothing there.)"""
+    found = ["/" + f for f in RUNFILE_FILES if os.path.lexists(os.path.join(root, f))]
+    kmods = [n for n in packages if n.startswith("kmod-nvidia")]
+    live_loaded = loaded["version"] if os.path.normpath(root) == "/" else ""
+    if not kmods and (live_loaded or modules):
+        found.append("nvidia module %s with no kernel module package" % (live_loaded or modules[0]["version"]))
+    return found
+
+
+def install_method(root, packages, kmod_packages, loaded, modules):
+    """What is installed and how (see RETURN's how). A .run install wins over anything else found: packages installed
+    next to it conflict with its files."""
+    none = {"method": "", "version": "", "flavor": "", "packages": [], "evidence": []}
+    runfile = runfile_evidence(root, packages, loaded, modules)
+    if runfile:
+        version = loaded["version"] or (modules[0]["version"] if modules else "")
+        flavor = loaded["flavor"] or (modules[0]["flavor"] if modules else "")
+        return dict(none, method="runfile", version=version, flavor=flavor, evidence=runfile)
+    elrepo = elrepo_packages(packages)
+    if elrepo:
+        kmod = next((n for n in elrepo if n.startswith("kmod-nvidia")), elrepo[0])
+        flavor = "open" if kmod.startswith("kmod-nvidia-open") else "proprietary"
+        return dict(none, method="elrepo-kmod", version=packages[kmod], flavor=flavor, packages=elrepo, evidence=[kmod])
+    if "nvidia-driver-latest-dkms" in packages or "nvidia-driver-latest-dkms-cuda" in packages:
+        name = "nvidia-driver-latest-dkms" if "nvidia-driver-latest-dkms" in packages else "nvidia-driver-latest-dkms-cuda"
+        return dict(none, method="nvidia-el7-latest-dkms", version=packages[name], flavor="proprietary",
+                    packages=el7_latest_dkms(packages), evidence=[name])
+    precompiled = precompiled_kmods(packages, kmod_packages)
+    if precompiled:
+        return dict(none, method="nvidia-precompiled", version=packages[precompiled[0]], packages=precompiled, evidence=precompiled)
+    installed = installed_driver(packages, kmod_packages)
+    if installed["flavor"]:
+        kmod = kmod_packages[installed["flavor"]]
+        return dict(none, method="nvidia-dkms", version=driver_version(packages) or installed["version"],
+                    flavor=installed["flavor"], evidence=[kmod])
+    return none
 
 
 def read_text(path):
@@ -183,8 +249,10 @@ def main():
     installed = installed_driver(packages, kmod_packages)
     userspace = driver_version(packages)
     modules = built_modules(module, params["root"], kernel)
+    loaded = parse_loaded(read_text(params["loaded_version_file"]))
     module.exit_json(
-        changed=False, kernel=kernel, loaded=parse_loaded(read_text(params["loaded_version_file"])), installed=installed,
+        changed=False, kernel=kernel, loaded=loaded, installed=installed,
+        how=install_method(params["root"], packages, kmod_packages, loaded, modules),
         driver_version=userspace, packages=packages,
         # The kernel module package and the userspace driver at different versions (a half-done change by hand).
         version_mismatch=bool(installed["version"] and userspace and installed["version"] != userspace),
