@@ -71,11 +71,15 @@ def test_dry_run_gives_slurms_verdict_and_a_refusal_queues_nothing(slurm_cluster
 
 
 def test_a_hung_rank_is_requeued_away_from_its_node_and_the_command_completes(slurm_cluster_3, tmp_path):
-    cluster, steps = slurm_cluster_3, 400
+    # The watchdog acts once no rank has advanced: rank 0 counts its 150 steps (15 s, the time there is to stop
+    # rank 1 once both beat) and ends, then 10 s later the hang is rank 1's. The requeued attempt steps at 0.01 s:
+    # it has only to finish (at 0.1 s it took 15 s more, and 40 s at the 400 steps this test had before).
+    cluster, steps = slurm_cluster_3, 150
     job, run_dir = _submit(cluster, tmp_path, "hang", "--nodes", "2", "--tasks-per-node", "1",
                            "--set", "slurm.hang_timeout_s=10", "--set", "slurm.hang_action=requeue", "--",
-                           cluster.job_python, BEAT, str(steps))
+                           cluster.job_python, BEAT, str(steps), "0.01")
     beats = wait_for_beats(run_dir, 2, timeout_s=90)
+    wait_for(lambda: (run_dir / "checkpoints" / "rank-1.json").exists(), 30, "rank 1's first checkpoint")
     bad = beats[1].host
     _, hung_at = stop_rank(run_dir, 1)
     try:

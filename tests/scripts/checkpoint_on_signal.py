@@ -1,5 +1,6 @@
-"""A user's own program under hpc-train's preemption contract (docs/commands.md), for the tests: it counts
-STEPS steps of 0.1 s, and on the preemption signal writes its step to a checkpoint and exits 75; on a restart
+"""A user's own program under hpc-train's preemption contract (docs/commands.md), for the tests:
+``checkpoint_on_signal.py STEPS [RESUMED_STEP_S]`` counts STEPS steps of 0.1 s (RESUMED_STEP_S each on a restart,
+0.1 s unless given), and on the preemption signal writes its step to a checkpoint and exits 75; on a restart
 it resumes from its checkpoint. At the end each rank writes done-RANK.json (step, where it resumed, restart)."""
 
 import json
@@ -15,6 +16,8 @@ checkpoint = os.path.join(os.environ["HPC_TRAIN_CHECKPOINT_DIR"], f"rank-{rank}.
 step = json.load(open(checkpoint))["step"] if os.path.exists(checkpoint) else 0
 resumed_from = step
 steps = int(sys.argv[1])
+restart = int(os.environ["HPC_TRAIN_RESTART"])
+step_s = float(sys.argv[2]) if restart > 0 and len(sys.argv) > 2 else 0.1
 run_dir = os.environ["HPC_TRAIN_RUN_DIR"]
 with open(os.path.join(run_dir, f"started-{rank}-{os.environ['HPC_TRAIN_RESTART']}"), "w"):
     pass
@@ -26,7 +29,7 @@ while step < steps:
         print(f"rank {rank}: checkpointed at step {step}", flush=True)
         time.sleep(0.5)  # every rank has written its own before any exits (srun --kill-on-bad-exit)
         sys.exit(int(os.environ["HPC_TRAIN_EXIT_REQUEUE"]))
-    time.sleep(0.1)
+    time.sleep(step_s)
     step += 1
 with open(os.path.join(run_dir, f"done-{rank}.json"), "w") as handle:
-    json.dump({"step": step, "resumed_from": resumed_from, "restart": int(os.environ["HPC_TRAIN_RESTART"])}, handle)
+    json.dump({"step": step, "resumed_from": resumed_from, "restart": restart}, handle)

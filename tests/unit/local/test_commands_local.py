@@ -49,10 +49,12 @@ def test_ranks_get_the_mapping_and_argv_as_typed_and_a_failing_rank_is_named(tmp
 
 
 def test_checkpoint_on_the_signal_is_launched_again_and_resumes(tmp_path):
-    # Time limit 1 min, the signal 55 s before it: it comes 5 s into each launch; 80 steps take 8 s.
+    # Time limit 1 min, the signal 55 s before it: it comes 5 s into each launch; 80 steps take 8 s. The launch
+    # again steps at 0.01 s: its rest (under 70 steps) ends long before its own signal, on busy cores too (at 0.1 s
+    # a loaded run was signalled again and ended at restart 2), and 3 to 7 s sooner.
     result = run("submit", "--cluster", "local", "--tasks-per-node", "2", "--time", "1",
                  "--set", "slurm.signal_delay_s=55", "--wait", "--", sys.executable,
-                 str(SCRIPTS / "checkpoint_on_signal.py"), "80", cwd=tmp_path)
+                 str(SCRIPTS / "checkpoint_on_signal.py"), "80", "0.01", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     run_dir = only_run_dir(tmp_path, "checkpoint_on_signal")
     done = [json.loads((run_dir / f"done-{rank}.json").read_text()) for rank in range(2)]

@@ -5,10 +5,10 @@ nothing)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -26,11 +26,13 @@ def test_a_rank_that_never_joins_the_agreement_ends_it_within_the_process_group_
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         procs.append(subprocess.Popen([sys.executable, "-m", "tests.unit.train.agreement_timeout_worker", str(stalled_s)],
                                       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    start = time.monotonic()
     out0, _ = procs[0].communicate(timeout=120)
-    took = time.monotonic() - start
     procs[1].kill()
     procs[1].wait()
-    assert "gave up after" in out0, out0
+    waited = re.search(r"gave up after ([0-9.]+) s", out0)
+    assert waited, out0
     assert "Timed out" in out0 or "timed out" in out0.lower(), out0
+    # The wait in the agreement as rank 0 measured it, not the wall time of the test: starting two torch processes
+    # took 20 s of a 23 s run on busy cores, and such a run failed a limit that only the agreement should meet.
+    took = float(waited.group(1))
     assert took < stalled_s - 5, f"rank 0 waited {took:.0f} s: the agreement did not take the 3 s timeout\n{out0}"
