@@ -165,6 +165,27 @@ def test_resume_refuses_a_run_that_still_runs(tmp_path, stub_slurm):
     assert tree(tmp_path) == before and stub_slurm.calls("sbatch") == []  # no launch lock file left either
 
 
+def test_resume_refuses_a_run_whose_state_is_unknown(tmp_path):
+    # A Slurm run resumed where no Slurm client answers (here: none on PATH, --cluster local): whether job 4242 still
+    # runs cannot be told, and a --resume could start a second trainer beside a live one. Refused as a live run is,
+    # saying why and what to do, with nothing written (a dry run: on the old code it planned the launch).
+    from hpc_train.config import NO_SITE, dump_yaml, resolve
+
+    run_dir = _slurm_run(tmp_path)
+    (run_dir / "job.yaml").write_text(dump_yaml(resolve(None, site=NO_SITE).spec))
+    (run_dir / "state.jsonl").write_text('{"event": "running", "writer": "launcher", "instance": "slurm:4242.0", '
+                                         '"job_id": "4242", "time": "2026-01-01T00:00:00+00:00"}\n')
+    only_python = tmp_path / "bin"
+    only_python.mkdir()
+    (only_python / "python").symlink_to(sys.executable)
+    env = {**no_slurm_env(tmp_path), "PATH": str(only_python)}
+    before, state_log = tree(tmp_path), (run_dir / "state.jsonl").read_bytes()
+    result = cli("submit", "--cluster", "local", "--resume", "demo/4242", "--dry-run", cwd=tmp_path, env=env)
+    assert_refused(result, "demo/4242 is unknown (job 4242): ")
+    assert "Slurm" in result.stderr and "hpc-train status demo/4242" in result.stderr
+    assert tree(tmp_path) == before and (run_dir / "state.jsonl").read_bytes() == state_log
+
+
 def test_hpc_train_train_is_the_ranks_entrypoint_and_takes_example_names(tmp_path):
     # 16/19. `hpc-train train` runs `python -m hpc_train.train` (one lifecycle), with shipped example names.
     result = cli("train", "digits_lt_demo", "--set", "train.loss.name=nope", cwd=tmp_path, env=no_slurm_env(tmp_path))
