@@ -19,7 +19,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import ConfigError
 from . import rundir, safe_files
@@ -255,12 +255,27 @@ _MEANINGLESS = frozenset("/._-*?[]{}~!^$ \t\n\r\f\v")
 these alone (``''`` from an unset ``"$RUN"``, ``/``, ``_*``) would otherwise match whichever run came last."""
 
 
-def check_selector(ref: str, what: str = "RUN") -> str:
+def is_job_dir(path: Path) -> bool:
+    """A job's directory of runs (what ``report`` takes as all its runs): a directory holding a run's job.yaml."""
+    try:
+        return path.is_dir() and any((d / rundir.JOB_YAML).is_file() for d in path.iterdir() if d.is_dir())
+    except (OSError, ValueError):
+        return False
+
+
+def check_selector(ref: str, what: str = "RUN", names_a_path: Callable[[Path], bool] = is_run_dir) -> str:
     """``ref`` as given, when it can name a run; exit 2 when it names nothing (empty, or made only of separators,
-    wildcards or blanks). Selectors never guess: ``cancel ''`` must not cancel the latest run."""
+    wildcards or blanks). Selectors never guess: ``cancel ''`` must not cancel the latest run. A path is a
+    selector like any other (``.`` inside a run directory, ``../RUN``): one ``names_a_path`` accepts (a run
+    directory; for ``report`` a job's directory of runs too) names what it is, whatever its characters."""
+    if ref and names_a_path(Path(ref)):
+        return ref
     if not ref or set(ref) <= _MEANINGLESS:
-        raise ConfigError(f"{what} {ref!r} names no run: give a run name (NAME/ID), a job id, a run directory or a "
-                          "job name")
+        where = ""
+        if ref and os.path.isdir(ref):  # `.`, `..`: say where it points, since it is not what a selector names
+            where = f": {ref} is {Path(ref).resolve()}, not a run directory (it has no {rundir.RUN_JSON})"
+        raise ConfigError(f"{what} {ref!r} names no run{where}; give a run name (NAME/ID), a job id, a run "
+                          "directory or a job name")
     return ref
 
 
@@ -288,7 +303,7 @@ def resolve_run(ref: str, root: Path) -> Run:
     check_selector(ref)
     path = Path(ref)
     if is_run_dir(path):
-        return load_run(path)
+        return load_run(path.resolve())  # `.` or `../RUN` as given would name no run (nor its job) of its own
     runs = all_runs(root)
     for matcher in (lambda r: r.name == ref, lambda r: r.job_id == ref or r.run_dir.name == ref,
                     lambda r: r.run_dir.parent.name == ref):

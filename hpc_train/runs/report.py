@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
 from . import rundir, safe_files
-from .index import Run, of_one_job, all_runs, check_selector, is_run_dir, load_run, order_key
+from .index import Run, of_one_job, all_runs, check_selector, is_job_dir, is_run_dir, load_run, order_key
 
 @dataclass(frozen=True)
 class Column:
@@ -253,11 +253,11 @@ def select(refs: Sequence[str], root: Path) -> list[Run]:
     runs = all_runs(root)
     chosen: dict[Path, Run] = {}
     for ref in refs:
-        check_selector(ref)
+        check_selector(ref, names_a_path=lambda p: is_run_dir(p) or is_job_dir(p))
         path = Path(ref)
         if is_run_dir(path):
             found = [load_run(path.resolve())]
-        elif path.is_dir() and any((d / rundir.JOB_YAML).is_file() for d in path.iterdir() if d.is_dir()):
+        elif is_job_dir(path):
             found = [load_run(d.resolve()) for d in sorted(path.iterdir()) if (d / rundir.JOB_YAML).is_file()]
         else:
             found = _named(ref, runs)
