@@ -204,10 +204,9 @@ _RECORD_TYPES: dict[str, tuple[type, ...]] = {
 def _wrong_types(record: Mapping[str, Any]) -> str:
     """What in a run record has a type the readers do not expect ("" when nothing): such a run is listed as
     ``unknown`` with this reason, never a traceback for everyone's ``status``."""
-    for key, types in _RECORD_TYPES.items():
-        value = record.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
-            return f"{key} is {type(value).__name__}, not {'/'.join(t.__name__ for t in types)}"
+    problem = safe_files.wrong_type(record, _RECORD_TYPES)
+    if problem:
+        return problem
     logs = record.get("logs") or {}
     if not all(isinstance(v, str) for v in logs.values()):
         return "logs holds a value that is not a path"
@@ -296,6 +295,19 @@ def of_one_job(ref: str, matches: list[Run]) -> list[Run]:
     return matches
 
 
+def matching(ref: str, runs: list[Run], ids: Callable[[Run], set[str]]) -> list[Run]:
+    """The runs ``ref`` names, by the first rule any run fits: its run name (``name/id``); else ``[name/]id``, an id
+    ``ids`` gives the run (its job id, directory name; for ``report`` its array's too); else a job name (all its
+    runs). Runs of several jobs are never a match: exit 2 listing them (:func:`of_one_job`)."""
+    name, _, ident = ref.rpartition("/")
+    for fits in (lambda r: r.name == ref, lambda r: (not name or r.run_dir.parent.name == name) and ident in ids(r),
+                 lambda r: r.run_dir.parent.name == ref):
+        found = [r for r in runs if fits(r)]
+        if found:
+            return of_one_job(ref, found)
+    return []
+
+
 def resolve_run(ref: str, root: Path) -> Run:
     """A run by path, ``name/run id``, job id (``4242``, ``4242_1``) or job name (its latest run), under
     ``root`` or anywhere in the index. A selector that names nothing, or fits runs of several jobs, is exit 2
@@ -305,10 +317,8 @@ def resolve_run(ref: str, root: Path) -> Run:
     if is_run_dir(path):
         return load_run(path.resolve())  # `.` or `../RUN` as given would name no run (nor its job) of its own
     runs = all_runs(root)
-    for matcher in (lambda r: r.name == ref, lambda r: r.job_id == ref or r.run_dir.name == ref,
-                    lambda r: r.run_dir.parent.name == ref):
-        matches = [r for r in runs if matcher(r)]
-        if matches:
-            return of_one_job(ref, matches)[-1]
+    matches = matching(ref, runs, ids=lambda r: {r.job_id, r.run_dir.name})
+    if matches:
+        return matches[-1]
     known = ", ".join(r.name for r in runs[-5:]) or "none"
     raise ConfigError(f"no run {ref!r} under {root} or in the run index; recent runs: {known}")
