@@ -134,6 +134,19 @@ def test_a_refused_submit_leaves_nothing_behind(tmp_path, stub_slurm):
     assert tree(tmp_path) == before
 
 
+def test_a_refused_submit_says_sbatchs_reason_once_in_one_line(tmp_path, stub_slurm):
+    # sbatch's own stderr (recorded: 22.05 with no configuration, 4 lines) was printed by submitit before
+    # hpc-train's line: 5 lines. Now one line, Slurm's reason kept; nothing left behind.
+    recorded = Path(__file__).resolve().parents[1] / "slurm_outputs" / "sbatch-no-configuration-22.05"
+    stub_slurm.answer("sbatch", stderr=Path(f"{recorded}.stderr").read_text(),
+                      rc=int(Path(f"{recorded}.rc").read_text()))
+    before = tree(tmp_path)
+    result = cli("submit", cwd=tmp_path, env=stub_slurm.env(HOME=str(tmp_path)), timeout=60)
+    assert_refused(result, "sbatch refused the job: Could not establish a configuration source (fetch_config: ")
+    assert len(result.stderr.strip().splitlines()) == 1 and "sbatch: " not in result.stderr, result.stderr
+    assert tree(tmp_path) == before
+
+
 def test_runs_are_found_wherever_their_job_put_them(tmp_path, stub_slurm):
     # 1. status, logs, cancel and --resume find a run under the job's own runs_dir (the run index).
     (tmp_path / "job.yaml").write_text("name: elsewhere-job\nruns_dir: elsewhere\n")
