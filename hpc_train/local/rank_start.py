@@ -36,7 +36,11 @@ def main(argv: list[str]) -> int:
         print("usage: python -m hpc_train.local.rank_start LAUNCHER_PID -- ARGV...", file=sys.stderr)
         return 2
     die_with_parent(int(argv[0]))
-    os.execvp(argv[2], argv[2:])  # replaces this process: the rank keeps its pid, group and parent-death signal
+    try:
+        os.execvp(argv[2], argv[2:])  # replaces this process: the rank keeps its pid, group and parent-death signal
+    except OSError as exc:  # what a shell says and returns for a program it cannot run
+        print(f"hpc-train: cannot start the rank: {argv[2]}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
     return 127  # not reached
 
 

@@ -58,3 +58,14 @@ def test_a_rank_whose_launcher_died_before_it_started_leaves_at_once(tmp_path):
                              "open('ran', 'w')"], cwd=tmp_path, timeout=60)
     assert result.returncode == 128 + signal.SIGKILL
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_rank_program_that_cannot_start_is_127_in_one_line(tmp_path):
+    # Where Popen raised in the launcher before, the shim says it as a shell does (127: not found).
+    driver = ("import os, subprocess, sys; r = subprocess.run([sys.executable, '-m', 'hpc_train.local.rank_start', "
+              "str(os.getpid()), '--', 'no-such-program-here'], capture_output=True, text=True); "
+              "print(r.returncode); print(r.stderr, end='')")
+    result = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    code, *said = result.stdout.splitlines()
+    assert code == "127" and said == ["hpc-train: cannot start the rank: no-such-program-here: No such file or "
+                                      "directory"], result.stdout + result.stderr
