@@ -49,7 +49,8 @@ def test_ranks_get_the_mapping_and_argv_as_typed_and_a_failing_rank_is_named(tmp
 
 
 def test_checkpoint_on_the_signal_is_launched_again_and_resumes(tmp_path):
-    # Time limit 1 min, the signal 55 s before it: it comes 5 s into each launch; 80 steps take 8 s.
+    # Time limit 1 min, the signal 55 s before it: it comes 5 s into each launch; 80 steps take 8 s (the resumed
+    # launch runs what is left at once, so it ends before the signal comes again, however busy the machine).
     result = run("submit", "--cluster", "local", "--tasks-per-node", "2", "--time", "1",
                  "--set", "slurm.signal_delay_s=55", "--wait", "--", sys.executable,
                  str(SCRIPTS / "checkpoint_on_signal.py"), "80", cwd=tmp_path)
