@@ -19,9 +19,9 @@ def status(run: str | None, runs_dir: str | None, as_json: bool) -> None:
     """Show the state of a run, of a sweep, or of every run here (under the runs directory, and the runs
     submitted from this directory wherever their job's runs_dir put them).
 
-    RUN is a run name (name/id), a job id, a run directory, or a job name (its latest run). The state
-    (queued, running, completed, failed, cancelled, preempted, requeued) is what the run directory
-    recorded, checked against squeue and sacct; a failed run says why, and names its first failing
+    RUN is a run name (name/id), a job id, a run directory (`.` inside one, `../ID`), or a job name
+    (its latest run). The state (queued, running, completed, failed, cancelled, preempted, requeued)
+    is what the run directory recorded, checked against squeue and sacct; a failed run says why, and names its first failing
     rank and host. A RUN that names nothing ('', '/', wildcards only) or fits runs of several jobs is refused
     with the candidates (exit 2). A sweep (a job name whose latest submission was one, NAME/ID_* as submit prints it, or the
     array id) is one line with its points per state; NAME/ID_K is one point. Accuracy is shown in percent.

@@ -8,7 +8,7 @@ every rank's process group (the rank, its data workers, a command's own children
 :data:`KILL_WAIT_S`, and records in the run's state log that the run failed, naming the launcher and its ranks.
 
 The ranks also get SIGKILL from the kernel when the launcher's thread that started them dies (a parent-death
-signal, :func:`hpc_train.local.launcher.die_with_parent`); that reaches the rank process only, not its children,
+signal, :mod:`hpc_train.local.rank_start`); that reaches the rank process only, not its children,
 and records nothing: the guard does both.
 """
 

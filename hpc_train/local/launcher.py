@@ -30,10 +30,8 @@ run directory, port, logs, checkpoints and state); the others one after another.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import datetime as _dt
-import functools
 import os
 import signal
 import socket
@@ -84,19 +82,6 @@ _live_lock = threading.Lock()
 _received: list[str] = []
 _stop: list[str] = []
 """The signal that told the local runner to stop (``SIGTERM``, ``SIGINT``): its launches end their ranks."""
-
-PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork: the child only calls it
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """In a rank between fork and exec: SIGKILL from the kernel when the thread that started it ends (the
-    launcher's launch thread, which supervises it until it ends), so a SIGKILLed launcher leaves no rank behind.
-    A launcher that died before this line ran is not seen by it: then the rank leaves at once."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(128 + signal.SIGKILL)
-
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -274,15 +259,17 @@ def _instance(launch: Launch, launches: int) -> tuple[str, int]:
 
 def _start_ranks(launch: Launch, python: str, cwd: str, port: int, instance: str) -> list[subprocess.Popen]:
     """The ranks, each logging to its file, leading a process group of its own (the watchdog and the guard end
-    a rank with its data workers) and dying with the thread that starts them (:func:`die_with_parent`)."""
+    a rank with its data workers) and dying with the thread that starts them (:mod:`.rank_start` sets that up
+    after the fork: no Python code runs in the forked child while this launcher's other threads run)."""
     run_dir = Path(launch.run_dir)
-    command = [python, "-u", "-m", launch.entry, "--resolved", str(run_dir / rundir.JOB_YAML)]
+    command = [sys.executable, "-m", "hpc_train.local.rank_start", str(os.getpid()), "--",
+               python, "-u", "-m", launch.entry, "--resolved", str(run_dir / rundir.JOB_YAML)]
     procs = []
     for rank in range(launch.world_size):
         with os.fdopen(safe_files.open_append(run_dir / rundir.RANK_LOG.format(rank=rank), within=run_dir), "ab") as rank_log:
             procs.append(subprocess.Popen(command, env=rank_environment(launch, rank, port, instance), cwd=cwd,
                                           stdin=subprocess.DEVNULL, stdout=rank_log, stderr=subprocess.STDOUT,
-                                          process_group=0, preexec_fn=functools.partial(die_with_parent, os.getpid())))
+                                          process_group=0))
     return procs
 
 

@@ -19,7 +19,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import ConfigError
 from . import rundir, safe_files
@@ -204,10 +204,9 @@ _RECORD_TYPES: dict[str, tuple[type, ...]] = {
 def _wrong_types(record: Mapping[str, Any]) -> str:
     """What in a run record has a type the readers do not expect ("" when nothing): such a run is listed as
     ``unknown`` with this reason, never a traceback for everyone's ``status``."""
-    for key, types in _RECORD_TYPES.items():
-        value = record.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
-            return f"{key} is {type(value).__name__}, not {'/'.join(t.__name__ for t in types)}"
+    problem = safe_files.wrong_type(record, _RECORD_TYPES)
+    if problem:
+        return problem
     logs = record.get("logs") or {}
     if not all(isinstance(v, str) for v in logs.values()):
         return "logs holds a value that is not a path"
@@ -255,12 +254,27 @@ _MEANINGLESS = frozenset("/._-*?[]{}~!^$ \t\n\r\f\v")
 these alone (``''`` from an unset ``"$RUN"``, ``/``, ``_*``) would otherwise match whichever run came last."""
 
 
-def check_selector(ref: str, what: str = "RUN") -> str:
+def is_job_dir(path: Path) -> bool:
+    """A job's directory of runs (what ``report`` takes as all its runs): a directory holding a run's job.yaml."""
+    try:
+        return path.is_dir() and any((d / rundir.JOB_YAML).is_file() for d in path.iterdir() if d.is_dir())
+    except (OSError, ValueError):
+        return False
+
+
+def check_selector(ref: str, what: str = "RUN", names_a_path: Callable[[Path], bool] = is_run_dir) -> str:
     """``ref`` as given, when it can name a run; exit 2 when it names nothing (empty, or made only of separators,
-    wildcards or blanks). Selectors never guess: ``cancel ''`` must not cancel the latest run."""
+    wildcards or blanks). Selectors never guess: ``cancel ''`` must not cancel the latest run. A path is a
+    selector like any other (``.`` inside a run directory, ``../RUN``): one ``names_a_path`` accepts (a run
+    directory; for ``report`` a job's directory of runs too) names what it is, whatever its characters."""
+    if ref and names_a_path(Path(ref)):
+        return ref
     if not ref or set(ref) <= _MEANINGLESS:
-        raise ConfigError(f"{what} {ref!r} names no run: give a run name (NAME/ID), a job id, a run directory or a "
-                          "job name")
+        where = ""
+        if ref and os.path.isdir(ref):  # `.`, `..`: say where it points, since it is not what a selector names
+            where = f": {ref} is {Path(ref).resolve()}, not a run directory (it has no {rundir.RUN_JSON})"
+        raise ConfigError(f"{what} {ref!r} names no run{where}; give a run name (NAME/ID), a job id, a run "
+                          "directory or a job name")
     return ref
 
 
@@ -281,6 +295,19 @@ def of_one_job(ref: str, matches: list[Run]) -> list[Run]:
     return matches
 
 
+def matching(ref: str, runs: list[Run], ids: Callable[[Run], set[str]]) -> list[Run]:
+    """The runs ``ref`` names, by the first rule any run fits: its run name (``name/id``); else ``[name/]id``, an id
+    ``ids`` gives the run (its job id, directory name; for ``report`` its array's too); else a job name (all its
+    runs). Runs of several jobs are never a match: exit 2 listing them (:func:`of_one_job`)."""
+    name, _, ident = ref.rpartition("/")
+    for fits in (lambda r: r.name == ref, lambda r: (not name or r.run_dir.parent.name == name) and ident in ids(r),
+                 lambda r: r.run_dir.parent.name == ref):
+        found = [r for r in runs if fits(r)]
+        if found:
+            return of_one_job(ref, found)
+    return []
+
+
 def resolve_run(ref: str, root: Path) -> Run:
     """A run by path, ``name/run id``, job id (``4242``, ``4242_1``) or job name (its latest run), under
     ``root`` or anywhere in the index. A selector that names nothing, or fits runs of several jobs, is exit 2
@@ -288,12 +315,10 @@ def resolve_run(ref: str, root: Path) -> Run:
     check_selector(ref)
     path = Path(ref)
     if is_run_dir(path):
-        return load_run(path)
+        return load_run(path.resolve())  # `.` or `../RUN` as given would name no run (nor its job) of its own
     runs = all_runs(root)
-    for matcher in (lambda r: r.name == ref, lambda r: r.job_id == ref or r.run_dir.name == ref,
-                    lambda r: r.run_dir.parent.name == ref):
-        matches = [r for r in runs if matcher(r)]
-        if matches:
-            return of_one_job(ref, matches)[-1]
+    matches = matching(ref, runs, ids=lambda r: {r.job_id, r.run_dir.name})
+    if matches:
+        return matches[-1]
     known = ", ".join(r.name for r in runs[-5:]) or "none"
     raise ConfigError(f"no run {ref!r} under {root} or in the run index; recent runs: {known}")

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
 from . import rundir, safe_files
-from .index import Run, of_one_job, all_runs, check_selector, is_run_dir, load_run, order_key
+from .index import Run, all_runs, check_selector, is_job_dir, is_run_dir, load_run, matching, order_key
 
 @dataclass(frozen=True)
 class Column:
@@ -154,20 +154,16 @@ def evaluations(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(found.values(), key=lambda r: (r.get("global_step", 0), r["epoch"]))
 
 
-_NUMBERS = ("epoch", "global_step", "top1", "balanced", "many", "medium", "few", "ece")
+_NUMBERS = {key: safe_files.NUMBER for key in ("epoch", "global_step", "top1", "balanced", "many", "medium", "few",
+                                                "ece")}
 
 
 def _check_evaluation(record: Mapping[str, Any]) -> None:
     """An evaluation line's figures are numbers (a planted ``"top1": "x"`` makes the run's report row say so,
     never a traceback)."""
-    for key in _NUMBERS:
-        value = record.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise safe_files.RunFileError(f"{run_file(record)}: {key} is {type(value).__name__}, not a number")
-    if record.get("val") is not None and not (isinstance(record["val"], Mapping) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in record["val"].items()
-            if k in _NUMBERS and v is not None)):
-        raise safe_files.RunFileError(f"{run_file(record)}: val holds a value that is not a number")
+    safe_files.check_types(record, {**_NUMBERS, "val": (dict,)}, run_file(record))
+    if record.get("val") is not None:
+        safe_files.check_types(record["val"], _NUMBERS, f"{run_file(record)} val")
 
 
 def run_file(record: Mapping[str, Any]) -> str:
@@ -234,33 +230,20 @@ def _ids(run: Run) -> set[str]:
     return {str(i) for i in ids if i not in (None, "")}
 
 
-def _named(ref: str, runs: Sequence[Run]) -> list[Run]:
-    """The runs ``ref`` names among ``runs``: a run name, else ``[name/]id`` (a job id or array id: runs of one job
-    only, exit 2 when it fits several), else a job name (all its runs)."""
-    name, _, ident = ref.rpartition("/")
-    by_name = [r for r in runs if r.name == ref]
-    if by_name:
-        return of_one_job(ref, by_name)
-    by_id = [r for r in runs if (not name or r.run_dir.parent.name == name) and ident in _ids(r)]
-    if by_id:
-        return of_one_job(ref, by_id)
-    return [r for r in runs if r.run_dir.parent.name == ref]
-
-
 def select(refs: Sequence[str], root: Path) -> list[Run]:
     """The runs ``refs`` name: a run directory or a job's directory of runs, a run name (``name/id``), a job id
     or array job id (every task), ``name/<array id>`` (that array's runs), or a job name (all its runs)."""
     runs = all_runs(root)
     chosen: dict[Path, Run] = {}
     for ref in refs:
-        check_selector(ref)
+        check_selector(ref, names_a_path=lambda p: is_run_dir(p) or is_job_dir(p))
         path = Path(ref)
         if is_run_dir(path):
             found = [load_run(path.resolve())]
-        elif path.is_dir() and any((d / rundir.JOB_YAML).is_file() for d in path.iterdir() if d.is_dir()):
+        elif is_job_dir(path):
             found = [load_run(d.resolve()) for d in sorted(path.iterdir()) if (d / rundir.JOB_YAML).is_file()]
         else:
-            found = _named(ref, runs)
+            found = matching(ref, runs, ids=_ids)
         if not found:
             raise ConfigError(f"no runs for {ref!r} under {root} or in the run index (a run, job id, array id or "
                               "job name)")

@@ -141,7 +141,7 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict) and isinstance(record.get("event"), str):
-            _check_types(record, f"{STATE_LOG} line {number}")
+            safe_files.check_types(record, _EVENT_TYPES, f"{STATE_LOG} line {number}")
             events.append(record)
     return events
 
@@ -154,12 +154,6 @@ _EVENT_TYPES: dict[str, tuple[type, ...]] = {"exit_code": (int,), "restart": (in
 the reason, never a traceback in ``status``."""
 
 
-def _check_types(record: Mapping[str, Any], where: str) -> None:
-    for key, types in _EVENT_TYPES.items():
-        value = record.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
-            raise safe_files.RunFileError(f"{where}: {key} is {type(value).__name__} {value!r:.40}, not "
-                                          f"{'/'.join(t.__name__ for t in types)}")
 
 
 # Reading the state ---------------------------------------------------------------------------------

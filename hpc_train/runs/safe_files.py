@@ -24,7 +24,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import HpcTrainError
 
@@ -40,6 +40,28 @@ class RunFileError(HpcTrainError):
     """A file of a run directory is not what hpc-train wrote there: a symlink, a FIFO, a device, a directory, a
     file larger than its bound, a recorded path outside the run's directory, or a record whose values have the
     wrong types (exit 2)."""
+
+
+NUMBER = (int, float)
+"""A record schema's number."""
+
+
+def wrong_type(record: Mapping[str, Any], schema: Mapping[str, tuple[type, ...]]) -> str:
+    """What in a record has a type its readers do not expect, by ``schema`` (field: the types it is read as), or ""
+    when nothing has. A field left out or null is not wrong; a bool is never a number (JSON's ``true`` is not 1).
+    The one type check of what hpc-train reads back: run records, state lines, metrics lines."""
+    for key, types in schema.items():
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            return f"{key} is {type(value).__name__} {value!r:.40}, not {'/'.join(t.__name__ for t in types)}"
+    return ""
+
+
+def check_types(record: Mapping[str, Any], schema: Mapping[str, tuple[type, ...]], where: str) -> None:
+    """:func:`wrong_type` as a :class:`RunFileError` naming ``where`` (the run is then ``unknown``, with it)."""
+    problem = wrong_type(record, schema)
+    if problem:
+        raise RunFileError(f"{where}: {problem}")
 
 
 def _kind(mode: int) -> str:

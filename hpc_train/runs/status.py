@@ -219,9 +219,12 @@ def compute_records(run_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
+_STRAGGLER = {"rank": (int,), "host": (str,), "ratio": safe_files.NUMBER}
+
+
 def _is_straggler(item: Any) -> bool:
-    return (isinstance(item, dict) and isinstance(item.get("rank"), int) and isinstance(item.get("host"), str)
-            and isinstance(item.get("ratio"), (int, float)) and not isinstance(item.get("ratio"), bool))
+    return (isinstance(item, dict) and all(item.get(key) is not None for key in _STRAGGLER)
+            and not safe_files.wrong_type(item, _STRAGGLER))
 
 
 def last_straggler(run_dir: Path) -> dict[str, Any] | None:

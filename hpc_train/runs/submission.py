@@ -158,8 +158,12 @@ def continue_run_record(run_dir: Path, job_id: str, logs: Mapping[str, str]) -> 
 
 def resumable(run_name: str, job_id: str, state: str, reason: str = "") -> None:
     """A run can be continued once no launch of it is queued or running (checked under its launch lock:
-    :mod:`.launch_lock`); the refusal names the job that is live."""
-    if state not in rundir.FINAL_STATES and state != "unknown":
+    :mod:`.launch_lock`); the refusal names the job that is live. A run whose state is ``unknown`` (no Slurm
+    client answers here, a file of it is unreadable) may be live: refused too, saying why and what to do."""
+    if state == "unknown":
+        raise ConfigError(f"{run_name} is unknown (job {job_id}): {reason or 'nothing recorded'}; whether it still "
+                          f"runs cannot be told here: --resume it where hpc-train status {run_name} shows it ended")
+    if state not in rundir.FINAL_STATES:
         why = f": {reason}" if reason else ""
         raise ConfigError(f"{run_name} is {state} (job {job_id}){why}; wait for it to end, or hpc-train cancel "
                           f"{run_name}, before --resume")

@@ -42,12 +42,21 @@ def run_command(argv: Sequence[str], *, check: bool = True, input_text: str | No
     return result
 
 
+_TOOL_PREFIX = re.compile(r"^(sbatch|srun|squeue|sacct|scancel|sinfo|sacctmgr): ((error|fatal): )?")
+
+
 def slurm_message(text: str) -> str:
-    """The line of Slurm's output that says why (``sbatch: error: ...``), without the noise."""
+    """What Slurm's output says why, in one line, without the noise: its ``fatal:`` line (what ended the tool), else
+    its last error line (``sbatch: error: Batch job submission failed: Invalid partition name specified``), with up
+    to two earlier error lines (the value, ``invalid partition specified: nope``) after it in parentheses."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower()]
-    picked = errors[-1] if errors else (lines[-1] if lines else "no output")
-    return re.sub(r"^(sbatch|srun|squeue|sacct|scancel|sinfo|sacctmgr): (error: )?", "", picked)
+    fatal = [ln for ln in lines if re.match(r"^\w+: fatal: ", ln)]
+    errors = [ln for ln in lines if "error" in ln.lower() and ln not in fatal] + fatal[-1:]
+    if not errors:
+        return _TOOL_PREFIX.sub("", lines[-1]) if lines else "no output"
+    said = [_TOOL_PREFIX.sub("", ln) for ln in errors]
+    earlier = [ln for ln in dict.fromkeys(said[:-1]) if ln != said[-1]]
+    return said[-1] + (f" ({'; '.join(earlier[-2:])})" if earlier else "")
 
 
 def version() -> tuple[int, int] | None:

@@ -9,13 +9,16 @@ chain, no job of the chain queued.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import shlex
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..config import JobSources, JobSpec, Resolved, dump_yaml
 from ..errors import HpcTrainError, SubmitError
@@ -124,6 +127,20 @@ def _sbatch_refused(exc: Exception) -> SubmitError:
     return SubmitError(f"sbatch refused the job: {slurm_cli.slurm_message(str(text))}")
 
 
+@contextlib.contextmanager
+def _sbatch_refusal_said_once() -> Iterator[None]:
+    """A refusal of sbatch as our one line (:func:`_sbatch_refused`: Slurm's reason, without its noise). submitit
+    prints sbatch's stderr (``sbatch: error: ...``, often two lines) before it raises with the same text; what it
+    printed is held back until the submission is accepted, when it is the user's to see."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            yield
+    except Exception as exc:  # submitit wraps sbatch's refusal (FailedJobError, CalledProcessError)
+        raise _sbatch_refused(exc) from None
+    sys.stderr.write(printed.getvalue())
+
+
 class _SlurmSubmission:
     """One submission's jobs, and what they created (undone, with the jobs cancelled, if a later one fails)."""
 
@@ -151,10 +168,8 @@ class _SlurmSubmission:
                                      sweep_launch=sweep_launch)
 
     def one(self, spec: JobSpec, resume_dir: Path | None) -> tuple[Any, Path]:
-        try:
+        with _sbatch_refusal_said_once():
             job = self.executor(spec, resume_dir).submit(_train_job(spec, None))
-        except Exception as exc:  # submitit wraps sbatch's refusal (FailedSubmissionError, CalledProcessError)
-            raise _sbatch_refused(exc) from None
         job_id = str(job.job_id)
         self.queued.append(job_id)
         script = Path(job.paths.submission_file).read_text(encoding="utf-8")
@@ -188,12 +203,9 @@ class _SlurmSubmission:
                                                "sweep_id": sweep_id})
         if max_parallel:
             executor.update_parameters(array_parallelism=max_parallel)
-        try:
-            with executor.batch():  # each task's callable reads its first point's file (a path, not the text)
-                jobs = [executor.submit(_point_job(self.sweep[task * pack], points_dir / f"point-{task * pack}.yaml"))
-                        for task in range(first_task, first_task + tasks)]
-        except Exception as exc:
-            raise _sbatch_refused(exc) from None
+        with _sbatch_refusal_said_once(), executor.batch():  # each task reads its first point's file (a path)
+            jobs = [executor.submit(_point_job(self.sweep[task * pack], points_dir / f"point-{task * pack}.yaml"))
+                    for task in range(first_task, first_task + tasks)]
         self.queued.append(str(jobs[0].job_id).split("_")[0])
         return jobs
 

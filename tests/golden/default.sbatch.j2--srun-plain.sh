@@ -227,6 +227,42 @@ export HPC_TRAIN_HANG_TIMEOUT_S="$HT_HANG_TIMEOUT_S"
 export NCCL_IB_HCA=mlx5_0:1
 export NCCL_SOCKET_IFNAME='^docker,lo'
 
+# --- writing run-directory files -----------------------------------------------------------------
+# A run directory may be shared (a resumed run, a group's runs_dir): a link, FIFO or directory planted as one of
+# its files must never redirect this script's writes. Bash's `>`/`>>` follow links, so the script writes only
+# through these, as hpc_train/runs/safe_files.py does in Python (coreutils only: no hpc-train on the PATH
+# needed, so a container job's host needs nothing more).
+run_file_append() {  # printf ... | run_file_append FILE: one line, appended with O_APPEND|O_NOFOLLOW|O_NONBLOCK
+    # (a link is refused, not followed; a FIFO is refused, not waited on), in one write (fullblock), so lines of
+    # concurrent writers never interleave.
+    dd of="$1" oflag=append,nofollow,nonblock conv=notrunc bs=1M iflag=fullblock status=none ||
+        { echo "hpc-train: error: cannot append to $1: not a regular file of the run (a link, FIFO or directory planted there?)" >&2; return 2; }
+}
+run_file_write() {  # printf ... | run_file_write FILE: whole or not at all, through a new file renamed over FILE
+    # (a link there is replaced, never followed; a directory there is refused).
+    local tmp
+    tmp="$(mktemp "$1.XXXXXX")" || return 2
+    if cat > "$tmp" && chmod "$(printf '%o' $(( 0666 & ~0$(umask) )))" "$tmp" && mv -fT "$tmp" "$1"; then
+        return 0
+    fi
+    rm -f "$tmp"
+    echo "hpc-train: error: cannot write $1 (a directory planted there?)" >&2
+    return 2
+}
+run_logs_dir() {  # mkdir -p DIR/logs, refusing a link planted as logs/ or as a rank's log (srun's --output follows links)
+    local planted
+    if [ -L "$1/logs" ]; then
+        echo "hpc-train: error: $1/logs is a link, not the run's directory of logs: refusing to write through it" >&2
+        return 2
+    fi
+    mkdir -p "$1/logs"
+    planted="$(find "$1/logs" -mindepth 1 -maxdepth 1 \( -name 'rank-*.log' -o -name 'node-*.log' \) ! -type f -print -quit)"
+    if [ -n "$planted" ]; then
+        echo "hpc-train: error: $planted is not a regular file: refusing to write the ranks' output through it" >&2
+        return 2
+    fi
+}
+
 # --- run directory -----------------------------------------------------------------------------
 # Keyed on the job id (array: <array job id>_<task id>), which survives `scontrol requeue`, so a
 # requeued job finds its checkpoints.
@@ -236,18 +272,18 @@ else
     RUN_ID="${SLURM_JOB_ID:?not running under Slurm (SLURM_JOB_ID is unset)}"
 fi
 RUN_DIR="$HT_RUN_GROUP/$RUN_ID"
-mkdir -p "$RUN_DIR/logs"
+run_logs_dir "$RUN_DIR"
 export HPC_TRAIN_RUN_DIR="$RUN_DIR"
 # The run's state, one line per change (hpc_train/runs/rundir.py reads them for `hpc-train status`): this
 # launch started here, and the exit block below records how it ended.
 run_event() {  # run_event EVENT [EXIT_CODE]
     printf '{"event": "%s", "writer": "launcher", "instance": "slurm:%s.%s", "restart": %s, "job_id": "%s", "exit_code": %s, "host": "%s", "nodes": "%s", "time": "%s"}\n' \
         "$1" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_ID" "${2:-null}" \
-        "$(hostname -s)" "$SLURM_JOB_NODELIST" "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" >> "$RUN_DIR/state.jsonl"
+        "$(hostname -s)" "$SLURM_JOB_NODELIST" "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" | run_file_append "$RUN_DIR/state.jsonl"
 }
 run_event running
 # The fully resolved job (site file, job file, --set and flags applied): what every rank runs.
-printf '%s' "$HT_JOB_YAML" > "$RUN_DIR/job.yaml"
+printf '%s' "$HT_JOB_YAML" | run_file_write "$RUN_DIR/job.yaml"
 # The batch log (#SBATCH --output) beside the rank logs, wherever the template put it.
 batch_log="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1 || true)"
 if [ -n "$batch_log" ]; then
@@ -334,7 +370,10 @@ echo "hpc-train: srun exited with status $status"
 # srun reports how the ranks ended, not why: a run that checkpointed on the signal but may not requeue
 # (max_requeues reached) exits 75, the trainer's "continue me" code, whatever the killed ranks returned.
 # The exit code becomes the run's state (hpc_train/runs/rundir.py: 0 completed, 75 preempted, else failed).
-if [ "$status" -ne 0 ] && tail -n 1 "$RUN_DIR/state.jsonl" 2>/dev/null | grep -q '"event": "preempted"'; then
+# (Read only as a regular file, not a link: a FIFO planted there would block this script until its time limit.)
+state_log="$RUN_DIR/state.jsonl"
+if [ "$status" -ne 0 ] && [ -f "$state_log" ] && [ ! -L "$state_log" ] &&
+        tail -n 1 "$state_log" 2>/dev/null | grep -q '"event": "preempted"'; then
     echo "hpc-train: checkpointed but not requeued; continue with: hpc-train submit --resume $RUN_DIR"
     status=75
 fi

@@ -134,6 +134,19 @@ def test_a_refused_submit_leaves_nothing_behind(tmp_path, stub_slurm):
     assert tree(tmp_path) == before
 
 
+def test_a_refused_submit_says_sbatchs_reason_once_in_one_line(tmp_path, stub_slurm):
+    # sbatch's own stderr (recorded: 22.05 with no configuration, 4 lines) was printed by submitit before
+    # hpc-train's line: 5 lines. Now one line, Slurm's reason kept; nothing left behind.
+    recorded = Path(__file__).resolve().parents[1] / "slurm_outputs" / "sbatch-no-configuration-22.05"
+    stub_slurm.answer("sbatch", stderr=Path(f"{recorded}.stderr").read_text(),
+                      rc=int(Path(f"{recorded}.rc").read_text()))
+    before = tree(tmp_path)
+    result = cli("submit", cwd=tmp_path, env=stub_slurm.env(HOME=str(tmp_path)), timeout=60)
+    assert_refused(result, "sbatch refused the job: Could not establish a configuration source (fetch_config: ")
+    assert len(result.stderr.strip().splitlines()) == 1 and "sbatch: " not in result.stderr, result.stderr
+    assert tree(tmp_path) == before
+
+
 def test_runs_are_found_wherever_their_job_put_them(tmp_path, stub_slurm):
     # 1. status, logs, cancel and --resume find a run under the job's own runs_dir (the run index).
     (tmp_path / "job.yaml").write_text("name: elsewhere-job\nruns_dir: elsewhere\n")
@@ -163,6 +176,27 @@ def test_resume_refuses_a_run_that_still_runs(tmp_path, stub_slurm):
     result = cli("submit", "--resume", "demo/4242", cwd=tmp_path, env=stub_slurm.env(HOME=str(tmp_path)))
     assert_refused(result, "demo/4242 is running (job 4242); wait for it to end")
     assert tree(tmp_path) == before and stub_slurm.calls("sbatch") == []  # no launch lock file left either
+
+
+def test_resume_refuses_a_run_whose_state_is_unknown(tmp_path):
+    # A Slurm run resumed where no Slurm client answers (here: none on PATH, --cluster local): whether job 4242 still
+    # runs cannot be told, and a --resume could start a second trainer beside a live one. Refused as a live run is,
+    # saying why and what to do, with nothing written (a dry run: on the old code it planned the launch).
+    from hpc_train.config import NO_SITE, dump_yaml, resolve
+
+    run_dir = _slurm_run(tmp_path)
+    (run_dir / "job.yaml").write_text(dump_yaml(resolve(None, site=NO_SITE).spec))
+    (run_dir / "state.jsonl").write_text('{"event": "running", "writer": "launcher", "instance": "slurm:4242.0", '
+                                         '"job_id": "4242", "time": "2026-01-01T00:00:00+00:00"}\n')
+    only_python = tmp_path / "bin"
+    only_python.mkdir()
+    (only_python / "python").symlink_to(sys.executable)
+    env = {**no_slurm_env(tmp_path), "PATH": str(only_python)}
+    before, state_log = tree(tmp_path), (run_dir / "state.jsonl").read_bytes()
+    result = cli("submit", "--cluster", "local", "--resume", "demo/4242", "--dry-run", cwd=tmp_path, env=env)
+    assert_refused(result, "demo/4242 is unknown (job 4242): ")
+    assert "Slurm" in result.stderr and "hpc-train status demo/4242" in result.stderr
+    assert tree(tmp_path) == before and (run_dir / "state.jsonl").read_bytes() == state_log
 
 
 def test_hpc_train_train_is_the_ranks_entrypoint_and_takes_example_names(tmp_path):

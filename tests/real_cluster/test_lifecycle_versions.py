@@ -63,6 +63,7 @@ def test_dry_run_gives_slurms_verdict_and_a_refusal_queues_nothing(slurm_cluster
         for dry in ([], ["--dry-run"]):
             bad = hpc(slurm_cluster, "submit", *args, *dry, *command, cwd=tmp_path, check=False)
             assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stdout + bad.stderr
+            assert len(bad.stderr.strip().splitlines()) <= 2, bad.stderr  # sbatch's own lines are not passed through
             # submit: Slurm's reason; --dry-run: Slurm's, or the preflight's own naming the value ("partition 'nope'
             # does not exist on this cluster")
             assert reason in bad.stderr.lower() or (dry and "'nope'" in bad.stderr), bad.stderr

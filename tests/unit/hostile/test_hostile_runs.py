@@ -155,3 +155,49 @@ def test_a_line_of_wrong_types_is_that_run_unknown_never_a_traceback(shared, on_
         if result.exit_code == 2:
             assert_clean_refusal(result)
     assert snapshot(shared) == before
+
+
+# 5. Run directories named as paths: `.` inside a run directory, `../RUN`; `.` and `..` that are none ------------
+RUN_PATHS = [("runs/mine/local-1", "."), ("runs/mine/local-1", "./"), ("runs/mine/local-1", "../local-1"),
+             ("runs/mine", "./local-1"), ("runs/theirs", "../mine/local-1")]
+
+
+@pytest.mark.parametrize("where, selector", RUN_PATHS, ids=[f"{w}:{s}" for w, s in RUN_PATHS])
+@pytest.mark.parametrize("command", ["status", "logs", "report"])
+def test_a_run_directory_given_as_a_path_names_that_run(shared, on_stub_path, command, where, selector):
+    # --help: "a run directory" is a RUN. Before: `.` was refused as made only of separators.
+    before = snapshot(shared)
+    result = invoke(command, selector, *(["--json"] if command == "status" else []), cwd=shared / where)
+    assert result.exit_code == 0, (result.output, result.exception)
+    if command == "status":
+        assert json.loads(result.stdout)["run_dir"] == str(shared / "runs/mine/local-1")
+    _assert_untouched(shared, before, on_stub_path)
+
+
+def test_cancel_of_dot_inside_a_run_directory_cancels_that_run_only(shared, on_stub_path):
+    result = invoke("cancel", ".", cwd=shared / "runs/mine/local-1")
+    assert result.exit_code == 0 and "cancelled mine/local-1" in result.stdout, (result.output, result.exception)
+    assert '"cancelled"' in (shared / "runs/mine/local-1/state.jsonl").read_text()
+    assert on_stub_path.calls("scancel") == [] and "cancelled" not in (shared / "runs/theirs/4242/state.jsonl").read_text()
+
+
+NOT_RUN_PATHS = [("runs/mine/local-1", ".."), ("runs/mine/local-1", "../"), ("runs/mine", "."), ("runs", "."),
+                 ("", "."), ("runs/mine/local-1", "../..")]
+
+
+@pytest.mark.parametrize("where, selector", NOT_RUN_PATHS, ids=[f"{w or 'top'}:{s}" for w, s in NOT_RUN_PATHS])
+@pytest.mark.parametrize("command", ["cancel", "status", "logs"])
+def test_dot_or_dot_dot_that_is_no_run_directory_is_refused_naming_where_it_points(shared, on_stub_path, command,
+                                                                                   where, selector):
+    before = snapshot(shared)
+    result = invoke(command, selector, cwd=shared / where)
+    assert_clean_refusal(result, f"names no run: {selector} is {(shared / where / selector).resolve()}, not a run "
+                                 "directory")
+    _assert_untouched(shared, before, on_stub_path)
+
+
+def test_report_of_dot_dot_inside_a_run_directory_is_its_jobs_runs(shared):
+    # report takes a job's directory of runs (all its runs), as a path like any other.
+    result = invoke("report", "..", "--json", cwd=shared / "runs/sw/60_0")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert json.loads(result.stdout)["runs"] == 2

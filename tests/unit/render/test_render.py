@@ -103,7 +103,7 @@ VARIANT_LINES = {
                            "'python train.py --lr 0.1 $(touch /tmp/pwned) it'\"'\"'s'"],
     "torchrun-submitit-command": [TORCHRUN_AGENT + '"${HT_LAUNCH_COMMAND[@]}" &', COMMAND_REQUEUE],
     "srun-submitit-packed": ["#SBATCH --array=0-1%2", "#SBATCH --cpus-per-task=16", "readonly HT_PACK=2",
-                             "readonly HT_SWEEP_POINTS=3", '    printf \'%s\' "${HT_POINT_YAMLS[point]}" > "$RUN_DIR/job.yaml"',
+                             "readonly HT_SWEEP_POINTS=3", '    printf \'%s\' "${HT_POINT_YAMLS[point]}" | run_file_write "$RUN_DIR/job.yaml"',
                              '    "$PYTHON" -u -m hpc_train.local --pack "${run_dirs[@]}"'],
 }
 

@@ -118,6 +118,21 @@ def test_a_failing_sacct_says_its_own_error(stand_in):
     assert (found.state, found.reason) == ("UNKNOWN", "not in squeue; sacct: Slurm accounting storage is disabled")
 
 
+def test_slurms_reason_is_one_line_without_the_noise():
+    # Recorded: sbatch 22.05 with no configuration to find (4 lines, the fatal one last), squeue with the
+    # controller down; the harness's sbatch (22.05) for a partition that does not exist and for too much memory.
+    assert slurm.slurm_message(text("sbatch-no-configuration-22.05.stderr")) == (
+        "Could not establish a configuration source (fetch_config: DNS SRV lookup failed; _establish_config_source: "
+        "failed to fetch config)")
+    assert slurm.slurm_message(text("squeue-controller-down.stderr")) == (
+        "slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
+    assert slurm.slurm_message(text("sbatch-invalid-partition-22.05.stderr")) == (
+        "Batch job submission failed: Invalid partition name specified (invalid partition specified: nope)")
+    assert slurm.slurm_message(text("sbatch-too-much-memory-22.05.stderr")) == (
+        "Batch job submission failed: Requested node configuration is not available (Memory specification can not "
+        "be satisfied)")
+
+
 def test_missing_tools_are_named(stand_in):
     stand_in("sbatch")
     stand_in("squeue")
