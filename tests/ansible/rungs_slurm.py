@@ -132,9 +132,17 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
     # gpu01's site gres.conf: a line for other nodes and a comment (kept), and a GPU line of its own (replaced by the role's).
     site_gres = ["# site: the Lustre bandwidth of the CPU nodes", "NodeName=cpu[01-02] Name=bandwidth Type=lustre Count=4G Flags=CountOnly"]
     (cluster.root("gpu01") / "etc" / "slurm" / "gres.conf").write_text("\n".join([*site_gres, "Name=gpu Type=a100 File=/dev/nvidia[0-1]", ""]))
+    calls = len(cluster.calls())
     result, records = play(cluster, venv, "2-classic")
     ladder.check("real_slurm/classic: site.yml --tags slurm succeeds on the controller, both GPU nodes and the login host",
                  result.returncode == 0, f"{failures(records)}\n{lib.tail(result.stdout, 20)}")
+    restarts = [(c["host"], c["argv"][1]) for c in cluster.calls()[calls:] if c["argv"][:1] == ["try-restart"]]
+    ladder.check(f"real_slurm/classic: GPU nodes added (Slurm {cluster.slurm_version}: every slurmd must know every node): after "
+                 "slurmctld, slurmd is restarted on every host of the play, the one that is not a GPU node too (login01 here, "
+                 "a CPU node of slurm_gpu_node_conf_hosts alike)",
+                 restarts[:1] == [("slurmctl", "slurmctld.service")]
+                 and sorted(restarts[1:]) == [("gpu01", "slurmd.service"), ("gpu02", "slurmd.service"), ("login01", "slurmd.service")],
+                 f"restarts={restarts}")
     gres = conf_lines(cluster, "gpu01", "gres.conf")
     ladder.check("real_slurm/classic: gres.conf is not rewritten whole: the site's lines for other nodes and its comment stay, "
                  "its GPU line for this node is replaced by the role's marked block",
