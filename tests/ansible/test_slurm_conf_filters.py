@@ -140,3 +140,12 @@ def test_gres_site_lines_keep_the_sites_lines_and_replace_only_this_nodes_gpu_li
     assert split["replaced"] == ["Name=gpu Type=h100 File=/dev/nvidia[0-3]", "NodeName=gpu[01-04] Name=gpu File=/dev/nvidia0",
                                  "AutoDetect=nvml"]
     assert conf.slurm_gres_site_lines("", "gpu02") == {"kept": [], "replaced": []}
+
+
+def test_gres_file_puts_the_site_lines_first_then_the_block_and_is_stable() -> None:
+    block = "# Ansible managed\nName=gpu Type=h100 File=/dev/nvidia[0-3]\n"
+    first = conf.slurm_gres_file("# site\nNodeName=cpu01 Name=bandwidth Count=4G\nName=gpu File=/dev/nvidia0\n", "gpu01", block)
+    assert first == ("# site\nNodeName=cpu01 Name=bandwidth Count=4G\n\n# BEGIN hpc-train GPUs of this node\n# Ansible managed\n"
+                     "Name=gpu Type=h100 File=/dev/nvidia[0-3]\n# END hpc-train GPUs of this node\n")
+    assert conf.slurm_gres_file(first, "gpu01", block) == first  # a rerun changes nothing
+    assert conf.slurm_gres_file("", "gpu01", block).startswith("# BEGIN hpc-train GPUs of this node\n")

@@ -8,6 +8,7 @@
   text | slurm_conf_nodenames        the NodeNames the NodeName lines of a slurm.conf define (ranges expanded)
   text | slurm_conf_problems(...)    what in the configuration a host reads keeps GPU jobs from working there
   text | slurm_gres_site_lines(node)  a node's gres.conf split into the site's lines to keep and the GPU lines ours replace
+  text | slurm_gres_file(node, block)  the node's new gres.conf: the site's lines kept, then our marked block
 
 Slurm's keys are case-insensitive; `#` starts a comment. Lines that define several things at once (NodeName=...,
 PartitionName=..., NodeSet=..., DownNodes=..., FrontendName=...) are not single-valued keys and are left out.
@@ -158,9 +159,16 @@ def slurm_gres_site_lines(text: str, node_name: str) -> dict:
     return {"kept": kept, "replaced": replaced}
 
 
+def slurm_gres_file(text: str, node_name: str, block: str) -> str:
+    """The node's gres.conf with the site's lines of `text` kept, then a blank line and our marked `block`."""
+    kept = slurm_gres_site_lines(text, node_name)["kept"]
+    return "\n".join([*kept, *([""] if kept else []), GRES_BLOCK_BEGIN, block.strip("\n"), GRES_BLOCK_END]) + "\n"
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {"slurm_conf_values": slurm_conf_values, "slurm_conf_includes": slurm_conf_includes,
                 "slurm_memlock_propagated": slurm_memlock_propagated, "slurm_gres_types": slurm_gres_types,
                 "slurm_memlock_keys": slurm_memlock_keys, "slurm_conf_nodenames": slurm_conf_nodenames,
-                "slurm_conf_problems": slurm_conf_problems, "slurm_gres_site_lines": slurm_gres_site_lines}
+                "slurm_conf_problems": slurm_conf_problems, "slurm_gres_site_lines": slurm_gres_site_lines,
+                "slurm_gres_file": slurm_gres_file}
