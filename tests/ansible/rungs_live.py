@@ -89,18 +89,33 @@ def drain_and_change(ladder, node) -> None:
     unknown NodeName."""
     play, root, loaded, old, driver = node.play, node.root, node.loaded, node.old, node.driver
     call_times, resumed = node.call_times, node.resumed
-    # 1. Jobs outlast the drain timeout: nothing changes, the node stays drained.
+    # 1. Jobs outlast the drain timeout: nothing changes, and the drain this run set is undone (issue 29: a busy batch
+    #    left drained would take it out of service while the rollout stops).
     before = lib.rpm_packages(root)
     busy = {"node": {"name": "gpu01", "state": "MIXED", "reason": ""}, "jobs": ["4242"]}
     result, records, slurm = play("1-jobs-outlast-the-timeout", {**busy, "polls_until_done": None},
                                   "-e", "gpu_stack_driver_flavor=open", "-e", "nvidia_driver_drain_timeout_s=2")
     failure = lib.first_failure(records, "el9-image") or {}
-    ladder.check("live/jobs outlast the drain timeout: stopped with a clear message",
-                 failure.get("msg", "") == "nvidia_driver: jobs 4242 still run on gpu01 after 2 s; nothing was changed and the node "
-                 "stays drained. Rerun when they have ended (or raise nvidia_driver_drain_timeout_s).", failure.get("msg", ""))
-    ladder.check("live/jobs outlast the timeout: node drained with our reason, packages untouched",
-                 slurm["node"]["state"] == "MIXED+DRAIN" and slurm["node"]["reason"].startswith("hpc-train")
-                 and lib.rpm_packages(root) == before, json.dumps(slurm["node"]))
+    ladder.check("live/jobs outlast the drain timeout: stopped with a clear message that says the node is back in service",
+                 failure.get("msg", "") == "nvidia_driver: jobs 4242 still run on gpu01 after 2 s; nothing was changed and the drain "
+                 "this run set was undone: gpu01 is back in service as it was. Rerun when they have ended (or raise "
+                 "nvidia_driver_drain_timeout_s).", failure.get("msg", ""))
+    drains = [c["time"] for c in updates_of(slurm) if "State=DRAIN" in c["argv"]]
+    ladder.check("live/jobs outlast the timeout: drained, then resumed (no node left drained by us), packages untouched",
+                 (slurm["node"]["state"], slurm["node"]["reason"]) == ("MIXED", "") and len(drains) == 1
+                 and len(resumed(slurm)) == 1 and drains[0] < resumed(slurm)[0] and lib.rpm_packages(root) == before,
+                 json.dumps(slurm["node"]) + f" updates={[c['argv'][2:] for c in updates_of(slurm)]}")
+    # 1b. The same on a node an admin had drained: never resumed, and the message says it was left as it was.
+    admin = {"node": {"name": "gpu01", "state": "MIXED+DRAIN", "reason": "bad fan"}, "jobs": ["4242"], "polls_until_done": None}
+    result, records, slurm = play("1b-admin-drain-outlasts-the-timeout", admin,
+                                  "-e", "gpu_stack_driver_flavor=open", "-e", "nvidia_driver_drain_timeout_s=2")
+    failure = lib.first_failure(records, "el9-image") or {}
+    ladder.check("live/jobs outlast the timeout on a node an admin drained: left drained with the admin's reason, and said so",
+                 failure.get("msg", "") == "nvidia_driver: jobs 4242 still run on gpu01 after 2 s; nothing was changed and gpu01 is "
+                 'left as it was before this run, out of service (reason "bad fan"). Rerun when they have ended (or raise '
+                 "nvidia_driver_drain_timeout_s)." and updates_of(slurm) == []
+                 and (slurm["node"]["state"], slurm["node"]["reason"]) == ("MIXED+DRAIN", "bad fan"),
+                 f"{failure.get('msg', '')}\n{json.dumps(slurm['node'])} updates={[c['argv'][2:] for c in updates_of(slurm)]}")
 
     # 2. The change once the jobs have ended; a reboot over a local connection is refused.
     result, records, slurm = play("2-drain-then-change", {**busy, "polls_until_done": 2},

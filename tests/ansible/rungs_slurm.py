@@ -38,6 +38,10 @@ from real_slurm.harness import SITE_INCLUDE, SITE_INCLUDE_FILE, RealSlurm
 NODES = {"gpu01": "gpu01", "gpu02": "gpu-b02"}  # host -> Slurm NodeName
 HEALTH_CHECK = "/run/hpc-train/gpu-health-check"
 INSTALLED_DRIVER = "/run/hpc-train/nvidia-driver-installed"  # what nvidia_driver writes for the check (in /run here)
+# The node's boot id (a file the rung changes to stand for a reboot) and where the check keeps the boot an Xid drain was
+# seen in (/var/lib on a real node; here the host's own /run root, which the stand-in reboot leaves alone as a disk would).
+BOOT_ID = "/run/hpc-train/boot_id"
+XID_BOOT = "/run/hpc-train/xid-drain-boot"
 SMI_TIMEOUT_S = 3  # what the health check gives nvidia-smi here (gpu_health_command_timeout_s)
 CLASSIC = {"slurmctl": "controller", "gpu01": "node", "gpu02": "node", "login01": "login"}
 CONFIGLESS = {"slurmctl": "controller", "gpu01": "node", "gpu02": "node"}
@@ -79,6 +83,7 @@ def play(cluster: RealSlurm, venv: Path, label: str, *extra: str, limit: str = "
                       "-e", f"gpu_stack_health_check_program={HEALTH_CHECK}", "-e", "slurm_gpu_node_health_check_interval_s=2",
                       "-e", f"gpu_health_command_timeout_s={SMI_TIMEOUT_S}", "-e", "gpu_health_expected_gpus=8",
                       "-e", "gpu_health_dcgm=false", "-e", f"gpu_health_expected_driver_file={INSTALLED_DRIVER}",
+                      "-e", f"gpu_health_boot_id_file={BOOT_ID}", "-e", f"gpu_health_xid_boot_file={XID_BOOT}",
                       *extra, "slurm_site.yml"], env, lib.WORK / "logs" / f"real-slurm-{label}.log")
     return result, lib.read_records(record)
 
@@ -140,9 +145,26 @@ def classic(ladder, venv: Path, cluster: RealSlurm) -> None:
     limited_canary(ladder, venv, cluster, site)
     duplicate_nodename(ladder, venv, cluster)
 
+    # gpu01's site gres.conf: a line for other nodes and a comment (kept), and a GPU line of its own (replaced by the role's).
+    site_gres = ["# site: the Lustre bandwidth of the CPU nodes", "NodeName=cpu[01-02] Name=bandwidth Type=lustre Count=4G Flags=CountOnly"]
+    (cluster.root("gpu01") / "etc" / "slurm" / "gres.conf").write_text("\n".join([*site_gres, "Name=gpu Type=a100 File=/dev/nvidia[0-1]", ""]))
+    calls = len(cluster.calls())
     result, records = play(cluster, venv, "2-classic")
     ladder.check("real_slurm/classic: site.yml --tags slurm succeeds on the controller, both GPU nodes and the login host",
                  result.returncode == 0, f"{failures(records)}\n{lib.tail(result.stdout, 20)}")
+    restarts = [(c["host"], c["argv"][1]) for c in cluster.calls()[calls:] if c["argv"][:1] == ["try-restart"]]
+    ladder.check(f"real_slurm/classic: GPU nodes added (Slurm {cluster.slurm_version}: every slurmd must know every node): after "
+                 "slurmctld, slurmd is restarted on every host of the play, the one that is not a GPU node too (login01 here, "
+                 "a CPU node of slurm_gpu_node_conf_hosts alike)",
+                 restarts[:1] == [("slurmctl", "slurmctld.service")]
+                 and sorted(restarts[1:]) == [("gpu01", "slurmd.service"), ("gpu02", "slurmd.service"), ("login01", "slurmd.service")],
+                 f"restarts={restarts}")
+    gres = conf_lines(cluster, "gpu01", "gres.conf")
+    ladder.check("real_slurm/classic: gres.conf is not rewritten whole: the site's lines for other nodes and its comment stay, "
+                 "its GPU line for this node is replaced by the role's marked block",
+                 gres[:2] == site_gres and "Name=gpu Type=h100 File=/dev/nvidia[0-3]" in gres and not any("a100" in line for line in gres)
+                 and gres.count("# BEGIN hpc-train GPUs of this node") == 1 and gres[-1] == "# END hpc-train GPUs of this node",
+                 json.dumps(gres))
     # The site keeps GresTypes and PropagateResourceLimits in its included file: the keys are set there, not appended to
     # slurm.conf after the Include (Slurm keeps a key's latest value: an appended GresTypes=gpu would drop bandwidth).
     wanted = {"PropagateResourceLimitsExcept=MEMLOCK", "Include hpc-train-gpu-nodes.conf", f"Include {SITE_INCLUDE}"}
@@ -306,6 +328,8 @@ def xid_marker(ladder, cluster: RealSlurm) -> None:
     its reason, so the node is not resumed once the other problem is gone. (The Xid itself comes from the kernel log,
     which this machine's GPUs never write: the drain the check gives it is set here.)"""
     xid = "gpu_health: Xid 79 in the kernel log"
+    boot_id = cluster.root("gpu01") / BOOT_ID.lstrip("/")
+    boot_id.write_text("boot-1\n")
     cluster.in_host(cluster.controller, "scontrol", "update", "nodename=gpu01", "state=drain", f"reason={xid}")
     cluster.fake_gpus("gpu01", gpus=3)
     both = "gpu_health: 3 of 4 GPUs answer; Xid 79 in the kernel log"
@@ -319,6 +343,20 @@ def xid_marker(ladder, cluster: RealSlurm) -> None:
                  "resumed once the GPU is back (the GPU needs an admin's reset)",
                  reason == both and "DRAIN" in after.get("State", "") and after.get("Reason") == both,
                  f"reason while a GPU was lost: {reason!r}; after: {json.dumps({k: after.get(k) for k in ('State', 'Reason')})}")
+    # The admin reboots the node (the GPU reset an Xid needs; here a new boot id): resumed only after the diagnostics,
+    # without DCGM every check of the script, so not while a GPU is still missing, and as soon as they pass.
+    cluster.fake_gpus("gpu01", gpus=3)
+    boot_id.write_text("boot-2\n")
+    time.sleep(5)  # two health check intervals and more
+    missing = cluster.nodes().get("gpu01", {})
+    cluster.fake_gpus("gpu01")
+    nodes = cluster.wait_nodes(["gpu01"], timeout_s=15)
+    ladder.check("real_slurm/gpu_health: after a reboot, a node drained for an Xid is resumed only once the diagnostics pass "
+                 "(every check, no DCGM here): kept drained while a GPU is missing, resumed when all answer",
+                 "DRAIN" in missing.get("State", "") and "Xid 79" in missing.get("Reason", "")
+                 and nodes.get("gpu01", {}).get("State") == "IDLE",
+                 f"with a GPU missing: {json.dumps({k: missing.get(k) for k in ('State', 'Reason')})}; after: "
+                 f"{json.dumps({k: nodes.get('gpu01', {}).get(k) for k in ('State', 'Reason')})}")
 
 
 def rolling_upgrade(ladder, cluster: RealSlurm) -> None:

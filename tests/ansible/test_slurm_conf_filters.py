@@ -122,3 +122,30 @@ def test_a_gpu_node_slurm_conf_defines_itself_is_a_problem() -> None:
                                         "gpu01")
     assert problems == ["slurm.conf itself defines NodeName=gpu01, and Slurm ignores a later line for the same node, so the line "
                         "of hpc-train-gpu-nodes.conf (its GPUs) is not used: remove gpu01 from slurm.conf's NodeName lines"]
+
+
+def test_gres_site_lines_keep_the_sites_lines_and_replace_only_this_nodes_gpu_lines() -> None:
+    """Classic gres.conf (issue 29): the role owns only this node's GPU lines. A site's other GRES, lines for other
+    nodes and comments stay; GPU lines slurmd would apply to this node (none or this NodeName) go, or slurmd would
+    count the GPUs twice; the roles' own earlier file (whole, with its header) and block are theirs to replace."""
+    text = "\n".join([
+        "# Ansible managed", "# GPUs of this node for Slurm; the controller's NodeName line says Gres=gpu:h100:8.",
+        "# site comment", "NodeName=cpu[01-02] Name=bandwidth Type=lustre Count=4G", "Name=mps Count=400",
+        "Name=gpu Type=h100 File=/dev/nvidia[0-3]", "NodeName=gpu[01-04] Name=gpu File=/dev/nvidia0", "NodeName=gpu09 Name=gpu File=/dev/nvidia0",
+        "AutoDetect=nvml", "NodeName=gpu09 AutoDetect=off",
+        "# BEGIN hpc-train GPUs of this node", "Name=gpu Type=h100 File=/dev/nvidia[4-7]", "# END hpc-train GPUs of this node", ""])
+    split = conf.slurm_gres_site_lines(text, "gpu02")
+    assert split["kept"] == ["# site comment", "NodeName=cpu[01-02] Name=bandwidth Type=lustre Count=4G", "Name=mps Count=400",
+                             "NodeName=gpu09 Name=gpu File=/dev/nvidia0", "NodeName=gpu09 AutoDetect=off"]
+    assert split["replaced"] == ["Name=gpu Type=h100 File=/dev/nvidia[0-3]", "NodeName=gpu[01-04] Name=gpu File=/dev/nvidia0",
+                                 "AutoDetect=nvml"]
+    assert conf.slurm_gres_site_lines("", "gpu02") == {"kept": [], "replaced": []}
+
+
+def test_gres_file_puts_the_site_lines_first_then_the_block_and_is_stable() -> None:
+    block = "# Ansible managed\nName=gpu Type=h100 File=/dev/nvidia[0-3]\n"
+    first = conf.slurm_gres_file("# site\nNodeName=cpu01 Name=bandwidth Count=4G\nName=gpu File=/dev/nvidia0\n", "gpu01", block)
+    assert first == ("# site\nNodeName=cpu01 Name=bandwidth Count=4G\n\n# BEGIN hpc-train GPUs of this node\n# Ansible managed\n"
+                     "Name=gpu Type=h100 File=/dev/nvidia[0-3]\n# END hpc-train GPUs of this node\n")
+    assert conf.slurm_gres_file(first, "gpu01", block) == first  # a rerun changes nothing
+    assert conf.slurm_gres_file("", "gpu01", block).startswith("# BEGIN hpc-train GPUs of this node\n")

@@ -7,6 +7,8 @@
   values | slurm_memlock_keys        the propagation keys to set so MEMLOCK is not propagated, the site's choice kept
   text | slurm_conf_nodenames        the NodeNames the NodeName lines of a slurm.conf define (ranges expanded)
   text | slurm_conf_problems(...)    what in the configuration a host reads keeps GPU jobs from working there
+  text | slurm_gres_site_lines(node)  a node's gres.conf split into the site's lines to keep and the GPU lines ours replace
+  text | slurm_gres_file(node, block)  the node's new gres.conf: the site's lines kept, then our marked block
 
 Slurm's keys are case-insensitive; `#` starts a comment. Lines that define several things at once (NodeName=...,
 PartitionName=..., NodeSet=..., DownNodes=..., FrontendName=...) are not single-valued keys and are left out.
@@ -122,9 +124,51 @@ def slurm_conf_problems(text: str, nodes_text: str, gres_text: str, nodes_file: 
     return problems
 
 
+GRES_BLOCK_BEGIN = "# BEGIN hpc-train GPUs of this node"
+GRES_BLOCK_END = "# END hpc-train GPUs of this node"
+# What the roles wrote before they kept a block (the whole file was theirs): its header lines.
+_OLD_GRES_HEADER = re.compile(r"#\s*(Ansible managed|GPUs of this node for Slurm;.*)$")
+
+
+def _gres_fields(line: str) -> dict:
+    return {key.lower(): value for key, value in re.findall(r"([A-Za-z]+)=(\S+)", line.split("#", 1)[0])}
+
+
+def slurm_gres_site_lines(text: str, node_name: str) -> dict:
+    """Split a node's gres.conf into {"kept": the site's lines, "replaced": the GPU lines for `node_name` outside our
+    block}. Ours (the marked block, and the header of the whole file the roles wrote before) goes; so does every line
+    that describes this node's GPUs (Name=gpu, or an AutoDetect line with no Name) with no NodeName or one naming this
+    node: slurmd would count those GPUs twice or mix their AutoDetect with ours. Everything else stays: other GRES
+    (bandwidth, MPS, shards), lines for other nodes (slurmd skips them), comments."""
+    kept, replaced, in_block = [], [], False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped == GRES_BLOCK_BEGIN:
+            in_block = True
+        elif stripped == GRES_BLOCK_END:
+            in_block = False
+        elif in_block or _OLD_GRES_HEADER.fullmatch(stripped):
+            continue
+        else:
+            fields = _gres_fields(line)
+            for_us = "nodename" not in fields or node_name in _expand_hostlist(fields["nodename"])
+            gpu = fields.get("name", "").lower() == "gpu" or ("autodetect" in fields and "name" not in fields)
+            (replaced if for_us and gpu else kept).append(line)
+    while kept and not kept[-1].strip():
+        kept.pop()
+    return {"kept": kept, "replaced": replaced}
+
+
+def slurm_gres_file(text: str, node_name: str, block: str) -> str:
+    """The node's gres.conf with the site's lines of `text` kept, then a blank line and our marked `block`."""
+    kept = slurm_gres_site_lines(text, node_name)["kept"]
+    return "\n".join([*kept, *([""] if kept else []), GRES_BLOCK_BEGIN, block.strip("\n"), GRES_BLOCK_END]) + "\n"
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {"slurm_conf_values": slurm_conf_values, "slurm_conf_includes": slurm_conf_includes,
                 "slurm_memlock_propagated": slurm_memlock_propagated, "slurm_gres_types": slurm_gres_types,
                 "slurm_memlock_keys": slurm_memlock_keys, "slurm_conf_nodenames": slurm_conf_nodenames,
-                "slurm_conf_problems": slurm_conf_problems}
+                "slurm_conf_problems": slurm_conf_problems, "slurm_gres_site_lines": slurm_gres_site_lines,
+                "slurm_gres_file": slurm_gres_file}
