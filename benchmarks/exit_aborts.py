@@ -4,6 +4,9 @@ ranks started directly: no launcher in between). Not in the default suite: 50 ru
 
     .venv/bin/python benchmarks/exit_aborts.py --runs 50 [--clients plain,setup_end,setup_leave] [--json FILE]
 
+--clients: names of scripts in benchmarks/exit_clients/ (default: all of them; the accelerate and HF Trainer ones
+need the `clients` extra).
+
 Prints, per client, how many runs ended with each pair of exit codes; an abort is any rank exiting 134.
 Run it with PYTHONPATH=<another checkout> to measure that checkout's hpc_train.dist (the "before" numbers).
 """
@@ -52,7 +55,7 @@ def run_once(script: Path, workdir: Path) -> tuple[int, ...]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--clients", default="plain,setup_end,setup_leave")
+    parser.add_argument("--clients", default=",".join(sorted(p.stem for p in CLIENTS_DIR.glob("*.py"))))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = {}
