@@ -113,20 +113,26 @@ def _parallel_devices(dist: DistEnv) -> tuple[str, list[torch.device]]:
 def trainer_options(*, backend: str | None = None, timeout_s: int = 600) -> dict[str, Any]:
     """``pl.Trainer(**trainer_options(), ...)``: ``accelerator``, ``devices``, ``num_nodes`` and ``strategy`` (DDP
     with :class:`HpcTrainEnvironment`; ``gloo`` on CPUs, ``nccl`` on GPUs unless ``backend`` says) from hpc-train's
-    mapping, so Lightning's world size is the launcher's whatever ``devices`` the script would have passed."""
+    mapping, so Lightning's world size is the launcher's whatever ``devices`` the script would have passed; and
+    ``default_root_dir``, the run directory (``HPC_TRAIN_RUN_DIR``): Lightning's own files (``lightning_logs/``, its
+    checkpoints) are then per run, not in the submit directory every run shares. That matters beyond tidiness:
+    under srun a ``fit(ckpt_path=None)`` resumes from any ``hpc_ckpt_*.ckpt`` in ``default_root_dir``
+    (``lightning/pytorch/trainer/connectors/checkpoint_connector.py:121-122``), another run's included."""
     dist = DistEnv.from_environ()
     accelerator, devices = _parallel_devices(dist)
     environment = HpcTrainEnvironment(dist)
+    run_dir = launch_info()["run_dir"]
+    common: dict[str, Any] = {"accelerator": accelerator, "num_nodes": dist.num_nodes, "plugins": [environment]}
+    if run_dir:
+        common["default_root_dir"] = str(run_dir)
     if not dist.is_distributed:
-        return {"accelerator": accelerator, "devices": 1, "num_nodes": 1, "plugins": [environment]}
+        return {**common, "devices": 1}
     strategy = DDPStrategy(parallel_devices=devices,
                            process_group_backend=backend or ("nccl" if accelerator == "gpu" else "gloo"),
                            timeout=datetime.timedelta(seconds=timeout_s))
-    # The environment as a plugin, not the strategy's argument (Lightning refuses both): Lightning then skips its own
-    # detection (accelerator_connector.py:387-388), which warns "srun is available but not used" where Slurm is
-    # installed, and hands the plugin to the strategy (accelerator_connector.py:517-520).
-    return {"accelerator": accelerator, "devices": dist.local_world_size, "num_nodes": dist.num_nodes,
-            "strategy": strategy, "plugins": [environment]}
+    # The environment as a plugin only (Lightning refuses it in both places, accelerator_connector.py:286-290): the
+    # connector then skips its own detection (:387-388) and hands the plugin to the strategy (:517-520).
+    return {**common, "devices": dist.local_world_size, "strategy": strategy}
 
 
 def checkpoint_path() -> str:
