@@ -145,7 +145,9 @@ def checkpoint_path() -> str:
 
 def resume_checkpoint() -> str | None:
     """``trainer.fit(..., ckpt_path=resume_checkpoint())``: the preemption checkpoint of this run when one was
-    written (a requeued launch), else None (a fresh start)."""
+    written (a requeued launch), else None (a fresh start, or a script run outside hpc-train)."""
+    if not launch_info()["checkpoint_dir"]:
+        return None
     path = checkpoint_path()
     return path if os.path.exists(path) else None
 
