@@ -61,3 +61,15 @@ def test_a_trainer_built_from_the_options_installs_no_requeue_handler(torchrun_i
         assert signal.getsignal(signal.SIGUSR1) is before
     finally:
         trainer._signal_connector.teardown()
+
+
+def test_resume_checkpoint_is_this_runs_checkpoint_or_none(tmp_path, monkeypatch):
+    from hpc_train.integrations.lightning import CHECKPOINT_NAME, resume_checkpoint
+
+    monkeypatch.delenv("HPC_TRAIN_CHECKPOINT_DIR", raising=False)
+    assert resume_checkpoint() is None  # a script run outside hpc-train starts fresh
+    monkeypatch.setenv("HPC_TRAIN_CHECKPOINT_DIR", str(tmp_path))
+    (tmp_path.parent / CHECKPOINT_NAME).write_text("")  # another directory's file is not this run's
+    assert resume_checkpoint() is None
+    (tmp_path / CHECKPOINT_NAME).write_text("")
+    assert resume_checkpoint() == str(tmp_path / CHECKPOINT_NAME)
