@@ -10,11 +10,21 @@ STAMP := $(VENV)/.installed-dev
 
 venv: $(STAMP)
 
+# Read from the installed metadata (importing torch takes seconds).
+export TORCH_VERSIONS := from importlib.metadata import version; print(version("torch"), version("torchvision"))
+
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	# torch/torchvision: the releases pinned on this platform's disk (see README, "Install").
 	$(VPY) -m pip install --quiet -e '.[dev]'
+	# The clients examples/ runs (Lightning, accelerate, transformers; setup.cfg), on the torch just installed:
+	# a second install, so a client's need for torch is met by that torch; one that would replace it stops here.
+	@$(VPY) -c "$$TORCH_VERSIONS" > $(VENV)/.torch-before-clients
+	$(VPY) -m pip install --quiet -e '.[dev,clients]'
+	@$(VPY) -c "$$TORCH_VERSIONS" | cmp -s - $(VENV)/.torch-before-clients \
+		|| { echo "make venv: the clients extra replaced torch/torchvision: $$($(VPY) -c "$$TORCH_VERSIONS")" >&2; exit 1; }
+	$(VPY) -m pip check
 	@touch $(STAMP)
 
 ## The main job on the embedded default: 2 local DDP ranks on CPUs, real bundled data.

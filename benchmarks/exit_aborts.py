@@ -3,6 +3,7 @@ exception", SIGABRT, exit 134), per client script, at world size 2 on CPU (gloo,
 ranks started directly: no launcher in between). Not in the default suite: 50 runs per client take minutes.
 
     .venv/bin/python benchmarks/exit_aborts.py --runs 50 [--clients plain,setup_end,setup_leave] [--json FILE]
+    .venv/bin/python benchmarks/exit_aborts.py --runs 50 --clients lightning_default,lightning_leave  # the clients extra
 
 --clients: names of scripts in benchmarks/exit_clients/ (default: all of them; the accelerate and HF Trainer ones
 need the `clients` extra).
@@ -64,10 +65,11 @@ def main() -> int:
         outcomes: Counter = Counter()
         aborted_runs = 0
         with tempfile.TemporaryDirectory(prefix=f"exit-aborts-{client}-") as tmp:
-            for _ in range(args.runs):
+            for index in range(args.runs):
                 codes = run_once(script, Path(tmp))
                 outcomes[" ".join(map(str, codes))] += 1
                 aborted_runs += 134 in codes
+                print(f"{client} run {index + 1}: exit codes {codes}", flush=True)  # a long loop says where it is
         results[client] = {"runs": args.runs, "aborted_runs": aborted_runs, "exit_codes": dict(outcomes)}
         print(f"{client}: {aborted_runs}/{args.runs} runs aborted (exit codes per run: {dict(outcomes)})", flush=True)
     if args.json:

@@ -78,3 +78,37 @@ def test_hf_trainer_example_is_preempted_requeued_resumed_and_completed(slurm_cl
     assert done["step"] == 300 and done["restart"] == 1 and done["world_size"] == 2, done
     assert 0 < done["resumed_from"] < 300, done
     assert (run_dir / "checkpoints" / "trainer" / f"checkpoint-{done['resumed_from']}" / "hpc-train-complete").exists()
+
+
+def _stepping(run_dir: Path) -> bool:
+    """Both ranks of the first launch have trained at least one step (their progress heartbeat, restart 0)."""
+    records = []
+    for rank in range(2):
+        try:
+            records.append(json.loads((run_dir / "ranks" / f"rank-{rank}.progress").read_text()))
+        except (OSError, ValueError):
+            return False
+    return all(r["restart"] == 0 and r["step"] >= 1 for r in records)
+
+
+def test_lightning_example_is_preempted_requeued_resumed_and_completed(slurm_cluster, tmp_path):
+    # Under srun Lightning on its own picks SLURMEnvironment and its SIGUSR1 auto-requeue; hpc-train's USR2 would end
+    # the ranks (`failed: killed by signal 12`). With hpc_train.integrations.lightning: checkpoint, 75, hpc-train's
+    # requeue (restart count 1, the state log), resume, completed, as for the shared trainer.
+    out = json.loads(hpc(slurm_cluster, "submit", "--nodes", "2", "--gpus", "1", "--name", "lit", "--json", "--",
+                         "python", str(EXAMPLES / "lightning_module.py"), "--steps", "200", "--step-s", "0.02",
+                         cwd=tmp_path).stdout.splitlines()[-1])
+    job_id, run_dir = out["job_id"], Path(out["run_dir"])
+    wait_for(lambda: _stepping(run_dir), 300, "both ranks stepping")
+    harness.run_slurm(["scancel", "--signal=USR2", job_id], env=slurm_cluster.env)
+    assert wait_state(slurm_cluster, job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout_s=400) == "COMPLETED"
+    assert _restart_count(job_id, slurm_cluster.env) == 1
+    done = json.loads((run_dir / "result.json").read_text())
+    assert done["world_size"] == 2 and done["batches_per_epoch"] == 64, done
+    assert done["step"] == 200 and done["restart"] == 1 and 0 < done["resumed_from"] < 200, done
+    assert abs(done["weight"] - 3) < 0.05 and abs(done["bias"] + 1) < 0.05, done
+    status = json.loads(hpc(slurm_cluster, "status", job_id, "--json", cwd=tmp_path).stdout)
+    assert status["state"] == "completed" and status["restarts"] == 1, status
+    report = json.loads(hpc(slurm_cluster, "report", "lit", "--json", cwd=tmp_path).stdout)
+    (configuration,) = report["configurations"]
+    assert configuration["counts"] == {"finished": 1, "running": 0, "failed": 0}, configuration

@@ -189,6 +189,14 @@ def test_never_rules(source, forbidden):
     assert reaching(source, forbidden) == {}
 
 
+def test_only_a_users_script_imports_the_integrations():
+    # The training-library adapters (hpc_train/integrations: Lightning, ...) import their library and torch at import
+    # time: a rank's own script imports them, never the CLI's path, hpc-train's own ranks or any module at the top.
+    targets = {m for m in GRAPH if _within(m, "integrations")}
+    chains = {m: _path(GRAPH, m, targets) for m in sorted(GRAPH) if not _within(m, "integrations")}
+    assert targets and {m: " -> ".join(c) for m, c in chains.items() if c} == {}
+
+
 def test_no_import_circle_lazy_imports_included():
     assert circles(GRAPH) == []
 
@@ -229,6 +237,7 @@ def test_the_reader_sees_lazy_relative_typing_and_parent_package_imports(tmp_pat
 # --------------------------------------------------------------------------------------------------
 
 TORCH_SIDE = "train"
+INTEGRATIONS = "integrations"  # torch-side too (the library it adapts imports torch), outside train/ on purpose
 # In train/ but torch-free on purpose: the package itself, the entrypoint (its handlers come first) and the
 # public path of the submitit callables, which queued jobs' pickles name.
 TRAIN_TORCH_FREE = {"hpc_train.train", "hpc_train.train.__main__", "hpc_train.train.callable"}
@@ -243,12 +252,12 @@ def _is_torch(module: str) -> bool:
 
 def test_nothing_outside_train_imports_torch_or_the_torch_side_at_import_time():
     reaching_torch = {name: sorted(m for m in IMPORTS[name][0] if _is_torch(m) or (m in MODULES and _within(m, TORCH_SIDE)))
-                      for name in MODULES if not _within(name, TORCH_SIDE)}
+                      for name in MODULES if not _within(name, TORCH_SIDE) and not _within(name, INTEGRATIONS)}
     assert {k: v for k, v in reaching_torch.items() if v} == {}, "import these inside the function that needs them"
 
 
 def test_outside_train_torch_is_imported_only_by_the_lazy_entries():
-    lazy = sorted(name for name in MODULES if not _within(name, TORCH_SIDE)
+    lazy = sorted(name for name in MODULES if not _within(name, TORCH_SIDE) and not _within(name, INTEGRATIONS)
                   and any(_is_torch(m) for m in IMPORTS[name][1]))
     assert lazy == sorted(LAZY_TORCH_ENTRIES)
 
