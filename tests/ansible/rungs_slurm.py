@@ -310,7 +310,8 @@ def nvswitch_fabric(ladder, cluster: RealSlurm) -> None:
     cluster.fake_gpus("gpu01", **stuck)
     cluster.fake_gpus("gpu02", **stuck)
     reason = "gpu_health: NVSwitch fabric not up on 4 GPU(s) (GPU 0: In Progress, N/A)"
-    nodes = cluster.wait("fabric drain", lambda: (lambda n: n.get("gpu01", {}).get("Reason") == reason and n)(cluster.nodes()), 20) \
+    nodes = cluster.wait("fabric drain", lambda: (lambda n: n.get("gpu01", {}).get("Reason") == reason
+                                                   and n.get("gpu-b02", {}).get("State") == "IDLE" and n)(cluster.nodes()), 20) \
         or cluster.nodes()
     ladder.check("real_slurm/gpu_health: a node with NVSwitches on its PCI bus (NVIDIA class 0x0680) whose GPU fabric is not up is "
                  "drained, not left in service into CUDA error 802; a PCIe node whose GPUs answer the same is left alone",
@@ -375,6 +376,9 @@ def rolling_upgrade(ladder, cluster: RealSlurm) -> None:
     installed.unlink()
     cluster.fake_gpus("gpu02")
     cluster.in_host(cluster.controller, "scontrol", "update", "nodename=gpu-b02", "state=resume")
+    # A check that read the 575 file before it went and the stand-in after it can still drain the node (its own
+    # reason, which the next check clears): the next test starts from both nodes in service.
+    cluster.wait_nodes(["gpu01", "gpu-b02"], timeout_s=20)
 
 
 def hung_nvidia_smi(ladder, cluster: RealSlurm) -> None:

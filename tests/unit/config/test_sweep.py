@@ -48,7 +48,7 @@ def test_sweep_renders_one_array_with_a_job_per_task():
                           max_parallel=2)
     assert "#SBATCH --array=0-2%2" in script and "#SBATCH --output=slurm-%x-%A_%a.out" in script
     assert "readonly HT_POINT_COUNT=3" in script.splitlines()
-    assert """printf '%s' "${HT_POINT_YAMLS[task_id]}" > "$RUN_DIR/job.yaml\"""" in script
+    assert """printf '%s' "${HT_POINT_YAMLS[task_id]}" | run_file_write "$RUN_DIR/job.yaml\"""" in script
     preamble = script[script.index("readonly "):script.index("# Stop at the first failing")]
     for task, seed in enumerate((3, 4, 5)):  # the array as bash reads it: task T's job is point T's
         point = subprocess.run(["bash", "-c", preamble + f'printf %s "${{HT_POINT_YAMLS[{task}]}}"'],

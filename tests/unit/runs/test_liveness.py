@@ -28,6 +28,10 @@ def test_the_runner_is_alive_until_it_ends_and_a_reused_pid_does_not_count():
         def seen(pid: int) -> str:
             return f"state {liveness.process_state(pid)}, argv {Path(f'/proc/{pid}/cmdline').read_bytes()!r}"
 
+        # Both have exec'd Python before they are judged: between fork and exec a child has no argv yet.
+        deadline = time.monotonic() + 30
+        while not all(Path(f"/proc/{p.pid}/cmdline").read_bytes() for p in (runner, stranger)) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert liveness.is_alive(runner.pid), seen(runner.pid)
         assert not liveness.is_alive(stranger.pid), seen(stranger.pid)
         runner.kill()
