@@ -170,6 +170,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
       hpc-train submit JOB.yaml --sweep train.loss.name=ce,balanced_softmax --max-parallel 1
       hpc-train submit --resume cifar10-lt/4242 --chain 3
     """
+    from ..config.command_paths import check_in_submit_dir
     from ..front.follow import stream_rank0, wait_for
     from ..front.submit import submit as submit_job
     from ..runs.status import log_sizes
@@ -186,6 +187,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
             if resume is not None else (None, None, None)
         resume_dir = run.run_dir if run is not None else None
         resolved = resolve(kwargs, job_file)
+        check_in_submit_dir(resolved.spec, Path.cwd())  # a relative program or script after --: exit 2 now
         if resume_dir is not None and job_file is not None:
             _check_continuation(resume_dir, job_file, resolved)
         if dry_run:

@@ -1,21 +1,21 @@
-"""Where a command job's program is, checked at submit (``hpc-train submit -- CMD``, ``command:``).
+"""Where a command job's program is (``hpc-train submit -- CMD``, ``command:``).
 
 A command job runs in its run's own ``<run_dir>/work`` by default (``workdir: run``, docs/commands.md "Where a
-client's files go"), so a relative program (``./train.sh``, ``scripts/train.sh``) or the SCRIPT of ``python
-SCRIPT`` would no longer mean the file the user sees in the submit directory. Both are therefore resolved
-against the submit directory here and written into the job as absolute paths (``workdir: submit`` keeps them as
-typed: the ranks run there). Either way a relative one that is not a file there is exit 2 at submit, with
-nothing queued: it could only fail on every rank later (as exit 127, or python's own 2 for a missing script).
+client's files go"), yet a relative program (``./train.sh``, ``scripts/train.sh``) or the SCRIPT of ``python
+SCRIPT`` still means the file the user sees in the submit directory: the job keeps the words as typed, and the
+rank wrapper (:mod:`hpc_train.rank.command`) makes them absolute against the directory it was started in (the
+submit directory, under every launcher) before it changes into the run's. ``submit`` checks them first: a relative
+one that is not a file in the submit directory is exit 2, nothing queued (it could only fail on every rank later).
+A local run checks the program on PATH and absolute paths too (its ranks run here, with this PATH).
 
-Not checked here, because the submit host cannot know: a program found on the ranks' PATH (``sbatch`` modules
-change it) and absolute paths (a node or a container may have files the login node lacks). Those are checked
-by the rank wrapper just before it starts the command: exit 127, "program not found: NAME"
-(:mod:`hpc_train.rank.command`).
+Not checked at a Slurm submit, because the login node cannot know: a program found on the ranks' PATH (the
+batch script's modules change it) and absolute paths (a node or a container may have files the login node
+lacks). The rank wrapper checks the python SCRIPT just before it starts the command, and exec the program: a
+missing one is exit 127, "program not found: NAME", the run's reason.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shutil
 from pathlib import Path
@@ -56,7 +56,7 @@ def script_index(argv: tuple[str, ...] | list[str]) -> int | None:
     return None
 
 
-def _relative_paths(argv: tuple[str, ...]) -> list[int]:
+def relative_paths(argv: tuple[str, ...]) -> list[int]:
     """Positions of the words that name a file by a path relative to the submit directory: a program with a
     ``/`` in it (a bare name is looked up on PATH, as a shell does) and python's SCRIPT."""
     positions = []
@@ -68,20 +68,23 @@ def _relative_paths(argv: tuple[str, ...]) -> list[int]:
     return positions
 
 
-def anchor_command(spec, submit_dir: Path):
-    """The job with its relative program and python SCRIPT checked in ``submit_dir`` (exit 2 when not a file
-    there) and, under ``workdir: run``, made absolute (so they mean the same file from ``<run_dir>/work``)."""
-    if not spec.command:
-        return spec
-    argv = list(spec.command)
-    for position in _relative_paths(spec.command):
-        path = submit_dir / argv[position]
+def anchored(argv: list[str], submit_dir: Path) -> list[str]:
+    """``argv`` with its relative program and python SCRIPT made absolute in ``submit_dir`` (what a
+    ``workdir: run`` rank execs: it runs elsewhere, the words mean the submit directory's files)."""
+    words = list(argv)
+    for position in relative_paths(argv):
+        words[position] = str(submit_dir / words[position])
+    return words
+
+
+def check_in_submit_dir(spec, submit_dir: Path) -> None:
+    """At submit: a relative program or python SCRIPT must be a file in the submit directory; else exit 2."""
+    for position in relative_paths(spec.command) if spec.command else ():
+        path = submit_dir / spec.command[position]
         if not path.is_file():
             what = "no such file" if not path.exists() else "not a regular file"
-            raise ConfigError(f"program not found: {argv[position]} ({what} in the submit directory {submit_dir})")
-        if spec.workdir == "run":
-            argv[position] = str(path.absolute())
-    return dataclasses.replace(spec, command=tuple(argv))
+            raise ConfigError(f"program not found: {spec.command[position]} ({what} in the submit directory "
+                              f"{submit_dir})")
 
 
 def check_found_here(spec, search_path: str | None) -> None:

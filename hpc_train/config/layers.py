@@ -17,7 +17,6 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from ..errors import ConfigError
-from .command_paths import anchor_command
 from .epochs import describe, rescale
 from .job import JobSpec
 from .sweep import Point, apply_point, sweep_points
@@ -190,7 +189,6 @@ def resolve(job: str | Path | None = None, *, sets: Sequence[str] = (), flags: M
         raise ConfigError("a sweep varies train.* keys of the shared trainer; a job with a command runs it as "
                           "written: submit one job per variant (or read the variant from your own arguments)")
     spec = specs[0] if specs else validate(build(JobSpec, merged))
-    spec = anchor_command(spec, Path.cwd())  # a command's relative program and script: the submit directory's
     if epochs is None:
         return Resolved(spec, sources, specs)
     spec, changes = rescale(spec, epochs)

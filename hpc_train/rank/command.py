@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from ..config.command_paths import PYTHON_WORDS, script_index
+from ..config.command_paths import PYTHON_WORDS, anchored, script_index
 from ..errors import HpcTrainError
 from ..runs import rundir
 
@@ -174,7 +174,8 @@ def run(spec, run_dir: Path) -> NoReturn:
     run_dir, submit_dir = run_dir.absolute(), Path.cwd()  # every launcher starts the ranks in the submit directory
     environ = prepare(spec, run_dir, submit_dir)
     cwd = work_dir(spec, run_dir, submit_dir)
-    argv = resolve_program(list(spec.command))
+    typed = list(spec.command)  # a relative program or python SCRIPT: the submit directory's, wherever it runs
+    argv = resolve_program(anchored(typed, submit_dir) if spec.workdir == "run" else typed)
     missing = missing_script(argv, cwd)
     if missing is not None:
         not_found(missing, run_dir)
