@@ -158,7 +158,10 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
 
     After `--`, your own command: every rank runs it exactly as typed, with RANK, LOCAL_RANK, WORLD_SIZE,
     LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and HPC_TRAIN_RUN_DIR set, the same run directory, logs,
-    status and preemption (exit 75 after checkpointing on the signal: requeued; docs/commands.md).
+    status and preemption (exit 75 after checkpointing on the signal: requeued; docs/commands.md). It runs in
+    the run's own <run dir>/work (--workdir run, the default: a new run never finds another run's files; a
+    relative program or `python SCRIPT` still means the submit directory's, checked now: exit 2 if missing),
+    or with --workdir submit in the submit directory, shared by every run started there.
 
     \b
     Examples:

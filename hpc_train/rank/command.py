@@ -7,14 +7,17 @@ world size than the job's fails here, with what to change), exports it, records 
 directory, and then *becomes* the command (``exec``): the command is the rank's process, so Slurm's signals,
 its exit code and its output are its own. The argv is the job's ``command`` list exactly as written; it never
 passes through a shell; only a first word ``python``/``python3`` is replaced by the job's interpreter (the one
-running this wrapper). Under torchrun on Slurm, the step's per-node ``SLURM_PROCID``/``SLURM_NTASKS``/... are
+running this wrapper). The command runs in the run's own ``<run_dir>/work`` (``workdir: run``; a relative program
+or python SCRIPT is made absolute in the submit directory first, where every launcher starts this wrapper) or
+in the submit directory (``workdir: submit``); a program or script that is not there is exit 127, "program not
+found: NAME", recorded as the run's reason. Under torchrun on Slurm, the step's per-node ``SLURM_PROCID``/``SLURM_NTASKS``/... are
 replaced by the rank's own values (:func:`slurm_view_of_rank`).
 
 The contract for the command (docs/commands.md):
 
 * environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``,
   ``MASTER_PORT``, ``HPC_TRAIN_RUN_DIR`` (the run directory), ``HPC_TRAIN_CHECKPOINT_DIR`` (``checkpoints/``
-  in it), ``HPC_TRAIN_RESTART`` (0 on the first start; ``SLURM_RESTART_COUNT`` under Slurm),
+  in it), ``HPC_TRAIN_SUBMIT_DIR`` (the submit directory), ``HPC_TRAIN_RESTART`` (0 on the first start; ``SLURM_RESTART_COUNT`` under Slurm),
   ``HPC_TRAIN_SIGNAL`` and ``HPC_TRAIN_SIGNAL_DELAY_S`` (the signal sent that long before the time limit),
   ``HPC_TRAIN_EXIT_REQUEUE`` (75);
 * ``launch.json`` in the run directory says the same in words, for this start;

@@ -1,7 +1,8 @@
 """Where a client's files go (issue 27 item 4), with the real local launcher: a command runs in its run's own
 ``<run_dir>/work`` (``workdir: run``, the default), so a client that keeps ``snapshot.pt`` in its working
 directory (the PyTorch DDP tutorial) resumes its own run after a requeue and a ``--resume``, and a new run never
-finds another run's snapshot; ``workdir: submit`` runs in the submit directory. A missing program after ``--``
+finds another run's snapshot (``workdir: submit``, the submit directory: tests/unit/rank/test_command.py, with
+the wrapper every launcher starts). A missing program after ``--``
 (issue 28 item 8) is exit 2 at submit with nothing written, not python's own 2 once the ranks ran. The same on
 the Slurm cluster: tests/real_cluster/test_commands.py; the wrapper's exit 127: tests/unit/rank/test_command.py."""
 
@@ -35,27 +36,19 @@ def test_a_new_run_never_finds_another_runs_snapshot_and_a_requeue_or_resume_fin
     again = cli("submit", "--cluster", "local", "--resume", second["run_name"], "--wait", cwd=tmp_path, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
 
-    for run, launches in ((first, 1), (second, 3)):
-        run_dir = Path(run["run_dir"])
-        name, work = run_dir.name, str(run_dir / "work")
-        starts = seen(run_dir)
-        assert len(starts) == 2 * launches and {s["cwd"] for s in starts} == {work}, starts
-        assert {s["submit_dir"] for s in starts} == {str(tmp_path)}
-        # The first start of each run finds nothing (on main the second run found the first's snapshots); the
-        # requeue (exit 75) and the --resume find this run's own.
-        assert [s["found"] for s in starts] == [None, None] + [name] * (2 * launches - 2), starts
+    runs = ((first, 1), (second, 3))
+    # The first start of each run finds nothing (on main the second run found the first's snapshots); the
+    # requeue (exit 75) and the --resume find this run's own.
+    assert [[s["found"] for s in seen(Path(run["run_dir"]))] for run, _ in runs] == \
+        [[None, None] + [Path(run["run_dir"]).name] * (2 * launches - 2) for run, launches in runs]
+    for run, _ in runs:
+        work = str(Path(run["run_dir"]) / "work")
+        starts = seen(Path(run["run_dir"]))
+        assert {s["cwd"] for s in starts} == {work} and {s["submit_dir"] for s in starts} == {str(tmp_path)}
         status = json.loads(cli("status", run["run_name"], "--json", cwd=tmp_path).stdout)
         assert status["state"] == "completed" and status["workdir"] == work
-        assert json.loads((run_dir / "run.json").read_text())["workdir"] == work
+        assert json.loads((Path(run["run_dir"]) / "run.json").read_text())["workdir"] == work
     assert sorted(p.name for p in tmp_path.iterdir()) == ["client.py", "runs"]  # nothing in the submit directory
-
-
-def test_workdir_submit_runs_in_the_submit_directory(tmp_path):
-    shutil.copy(CLIENT, tmp_path / "client.py")
-    run = submit(tmp_path, "--workdir", "submit", "--", "python", "client.py", "once")
-    assert {s["cwd"] for s in seen(Path(run["run_dir"]))} == {str(tmp_path)}
-    assert (tmp_path / "snapshot-0.pt").read_text() == Path(run["run_dir"]).name
-    assert json.loads(cli("status", run["run_name"], "--json", cwd=tmp_path).stdout)["workdir"] == str(tmp_path)
 
 
 @pytest.mark.parametrize("command, missing", [
