@@ -158,7 +158,10 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
 
     After `--`, your own command: every rank runs it exactly as typed, with RANK, LOCAL_RANK, WORLD_SIZE,
     LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and HPC_TRAIN_RUN_DIR set, the same run directory, logs,
-    status and preemption (exit 75 after checkpointing on the signal: requeued; docs/commands.md).
+    status and preemption (exit 75 after checkpointing on the signal: requeued; docs/commands.md). It runs in
+    the run's own <run dir>/work (--workdir run, the default: a new run never finds another run's files; a
+    relative program or `python SCRIPT` still means the submit directory's, checked now: exit 2 if missing),
+    or with --workdir submit in the submit directory, shared by every run started there.
 
     \b
     Examples:
@@ -170,6 +173,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
       hpc-train submit JOB.yaml --sweep train.loss.name=ce,balanced_softmax --max-parallel 1
       hpc-train submit --resume cifar10-lt/4242 --chain 3
     """
+    from ..config.command_paths import check_in_submit_dir
     from ..front.follow import stream_rank0, wait_for
     from ..runs.status_lines import completed_message
     from ..front.submit import submit as submit_job
@@ -187,6 +191,7 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
             if resume is not None else (None, None, None)
         resume_dir = run.run_dir if run is not None else None
         resolved = resolve(kwargs, job_file)
+        check_in_submit_dir(resolved.spec, Path.cwd())  # a relative program or script after --: exit 2 now
         if resume_dir is not None and job_file is not None:
             _check_continuation(resume_dir, job_file, resolved)
         if dry_run:

@@ -20,6 +20,7 @@ Launcher = Literal["srun", "torchrun"]
 GpuFlag = Literal["gpus-per-node", "gres"]
 ContainerRuntime = Literal["apptainer", "pyxis"]
 HangAction = Literal["fail", "requeue"]
+Workdir = Literal["run", "submit"]
 
 # Slurm's --time forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
@@ -223,6 +224,14 @@ class JobSpec:
     """Your own program (``hpc-train submit -- CMD ARGS...``): every rank runs this argv, exactly as written,
     with the rank mapping in its environment (docs/commands.md); ``train:`` is then not used. Empty: the
     shared long-tail trainer."""
+    workdir: Workdir = option("run", flag=Flag(
+        "--workdir", help="Where your command (after --) runs: run = the run's own <run dir>/work (a new run never "
+                          "sees another's files; a relative program or python SCRIPT still means the submit "
+                          "directory's); submit = the submit directory, shared by every run."))
+    """Where a command job's ranks run (docs/commands.md, "Where a client's files go"): ``run``, the run's own
+    ``<run_dir>/work`` (made at its first launch, the same across requeues and ``--resume``, never shared);
+    ``submit``, the submit directory (every run started there shares it: for scripts that read relative data
+    paths). The trainer ignores it (it writes only into its run directory)."""
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain(self)

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..config.command_paths import check_found_here
 from ..errors import ConfigError
 from ..runs import launch_lock, rundir, safe_files
 from ..runs.liveness import RUNNER_MODULE
@@ -108,6 +109,7 @@ def submit_local(resolved, *, cwd: Path | None = None, resume_dir: Path | None =
     specs = list(resolved.sweep or [resolved.spec])
     spec = specs[0]
     check_devices(spec)
+    check_found_here(spec, spec.slurm.env.get("PATH", os.environ.get("PATH")))  # the ranks' PATH: exit 2 now, not 127
     group = rundir.run_group(rundir.runs_root(spec.runs_dir, cwd), spec.name)
     created = Created()
     created.mkdir(group)

@@ -48,6 +48,8 @@ LOGS_DIR = "logs"
 BATCH_LOG = "logs/batch.log"
 RANK_LOG = "logs/rank-{rank}.log"
 RANKS_DIR = "ranks"
+WORK_DIR = "work"
+"""Where a command job runs under ``workdir: run`` (docs/commands.md): made at the run's first launch, kept after."""
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 RUN_DIR_ENV = "HPC_TRAIN_RUN_DIR"
@@ -80,6 +82,8 @@ EXIT_BAD_INPUT = 2
 """Bad configuration or data: one line on stderr saying what to change."""
 EXIT_CHECKPOINTED = 75
 """Checkpointed after a preemption signal but not requeued (EX_TEMPFAIL): continue with --resume."""
+EXIT_NOT_FOUND = 127
+"""The command's program (or the SCRIPT of ``python SCRIPT``) is not there, as a shell says."""
 EXIT_HUNG = 124
 """The watchdog ended a launch whose ranks made no progress for ``slurm.hang_timeout_s`` (timeout(1)'s code)."""
 EXIT_HANG_REQUEUED = 125
@@ -94,6 +98,8 @@ def state_for_exit(code: int) -> tuple[str, str]:
         return PREEMPTED, "checkpointed, not requeued"
     if code == EXIT_BAD_INPUT:
         return FAILED, "bad configuration or data (exit 2)"
+    if code == EXIT_NOT_FOUND:
+        return FAILED, "program not found (exit 127)"
     if code == EXIT_HUNG:
         return FAILED, "hung: no progress for slurm.hang_timeout_s (exit 124)"
     if code > 128:

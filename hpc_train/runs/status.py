@@ -165,6 +165,8 @@ def run_status(run: Run, job: SchedulerJob | None) -> dict[str, Any]:
     why, with the scheduler's own view (``slurm_state``, from ``job``: None for a local run) and the training
     progress."""
     out: dict[str, Any] = {"run": run.name, "job_id": run.job_id, "cluster": run.cluster, "run_dir": str(run.run_dir)}
+    if isinstance(run.record.get("workdir"), str):  # a command job's working directory (run.json)
+        out["workdir"] = run.record["workdir"]
     try:
         return _folded_status(run, job, out)
     except safe_files.RunFileError as exc:  # this run is unknown, with the reason; the others are listed as usual

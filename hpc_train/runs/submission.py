@@ -121,9 +121,15 @@ def run_record(spec: JobSpec, sources: JobSources, run_dir: Path, *, job_id: str
         "ranks_per_node": spec.slurm.ranks_per_node,
         "world_size": spec.slurm.world_size,
         "launcher": spec.slurm.launcher,  # torchrun: a log is a node's, not a rank's (`logs --rank`)
+        **({"workdir": command_workdir(spec, run_dir, submission)} if spec.command else {}),
         "logs": dict(logs),
         **(extra or {}),
     }
+
+
+def command_workdir(spec: JobSpec, run_dir: Path, submission: Mapping[str, Any]) -> str:
+    """Where a command job's ranks run: its own ``<run_dir>/work`` (``workdir: run``) or the submit directory."""
+    return str(run_dir / rundir.WORK_DIR) if spec.workdir == "run" else str(submission.get("submit_dir") or Path.cwd())
 
 
 def write_run_files(created: Created, run_dir: Path, spec: JobSpec, record: Mapping[str, Any], *,
@@ -170,10 +176,11 @@ def resumable(run_name: str, job_id: str, state: str, reason: str = "") -> None:
 
 
 CHECKPOINT_SHAPE = (("train", "model"), ("train", "data", "name"), ("train", "data", "num_classes"),
-                    ("train", "data", "args"), ("train", "optim", "name"), ("command",))
+                    ("train", "data", "args"), ("train", "optim", "name"), ("command",), ("workdir",))
 """What a run's checkpoints hold the shape of (the model's weights, the classes, the optimizer's state), or what
-the run is (its command): a ``--resume`` that changes one of them could only be refused by the ranks, after
-``job.yaml`` was rewritten; it is refused before anything is written."""
+the run is (its command, and its working directory, where a command's own files are): a ``--resume`` that
+changes one of them could only be refused by the ranks, after ``job.yaml`` was rewritten; it is refused before
+anything is written."""
 
 
 def _leaves(value: Any, key: str) -> dict[str, Any]:

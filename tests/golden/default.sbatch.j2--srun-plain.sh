@@ -191,6 +191,7 @@ train:
     crt_lr_update: epoch
     tau_norm: false
 command: []
+workdir: run
 '
 
 # Stop at the first failing setup command; the launch itself is checked by hand below.

@@ -48,6 +48,7 @@ def place(tmp_path_factory, stub_slurm_module):
     (work / "jobs").symlink_to(ROOT / "jobs")
     shutil.copytree(ROOT / "ansible" / "inventories" / "example", work / "inventories" / "prod")
     (work / "sweep.yaml").write_text("train.seed: [0, 1]\n")
+    (work / "train.py").write_text("")  # the README's `-- python train.py`: submit checks the script is there
     (stub_slurm_module.bin / "ansible-playbook").write_text("#!/bin/sh\nexit 0\n")
     (stub_slurm_module.bin / "ansible-playbook").chmod(0o755)
     env = stub_slurm_module.env(HOME=str(work), HPC_TRAIN_STATE_DIR=str(work / ".state"))

@@ -1,12 +1,14 @@
 """Your own command and the research loop on the harness cluster (2 nodes x 4 fake GPUs, CPUs, gloo):
 `submit -- CMD` on 2 nodes x 2 tasks (the mapping and the argv every rank gets, a failing rank named with its
-host), a command that checkpoints on the signal being requeued and resuming, `report` over a 2 x 2 sweep
+host), a command that checkpoints on the signal being requeued and resuming, two runs of a client that keeps its
+snapshot in its working directory (each in its own <run dir>/work), `report` over a 2 x 2 sweep
 (loss x seed) of the digits job checked against metrics.jsonl, and the same sweep with `--pack 2` giving the
 same per-run metrics. The local counterparts: tests/unit/local/test_commands_local.py."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -63,6 +65,21 @@ def test_a_command_that_checkpoints_on_the_signal_is_requeued_and_resumes(slurm_
     status = json.loads(hpc(slurm_cluster, "status", job_id, "--json", cwd=work).stdout)
     assert status["state"] == "completed" and status["restarts"] == 1
     assert "requeued job" in (run_dir / "logs" / "batch.log").read_text()
+
+
+def test_two_runs_of_a_client_that_keeps_its_snapshot_in_its_cwd_never_see_each_other(slurm_cluster, tmp_path):
+    # The DDP tutorial's snapshot.pt, on 2 nodes: the second run found the first's (it ran in the submit directory).
+    shutil.copy(SCRIPTS / "snapshot_in_cwd.py", tmp_path / "client.py")
+    runs = [submit_json(slurm_cluster, "--nodes", "2", "--tasks-per-node", "1", "--gpus", "1", "--wait", "--",
+                        "python", "client.py", "once", cwd=tmp_path) for _ in range(2)]
+    for run in runs:
+        run_dir = Path(run["run_dir"])
+        seen = [json.loads(line) for line in (run_dir / "seen.jsonl").read_text().splitlines()]
+        assert sorted((s["rank"], s["cwd"], s["found"]) for s in seen) == \
+            [(0, str(run_dir / "work"), None), (1, str(run_dir / "work"), None)], seen
+        assert {s["submit_dir"] for s in seen} == {str(tmp_path)}
+        assert (run_dir / "work" / "snapshot-1.pt").read_text() == run_dir.name  # written on the second node
+    assert not list(tmp_path.glob("snapshot-*"))
 
 
 def _stats(values):

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,53 @@ def test_python_after_the_double_dash_is_the_job_interpreter_not_the_path_one(tm
     job = "name: t\ncommand: [python, -c, \"{}\"]\n".format(PRINT_ENV)
     seen = run_wrapper(tmp_path, job, {})  # PATH has no python at all: found on PATH, it was exit 127
     assert seen["python"] == sys.executable
+
+
+
+def start_wrapper(tmp_path, job_yaml: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The wrapper as a launcher starts it: in the submit directory (``tmp_path/submit``), with the run directory
+    ``tmp_path/run`` beside it (both made here when missing); the finished process and the run directory."""
+    submit_dir, run_dir = tmp_path / "submit", tmp_path / "run"
+    submit_dir.mkdir(exist_ok=True)
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "job.yaml").write_text(job_yaml)
+    environ = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+               "HPC_TRAIN_RUN_DIR": str(run_dir)}
+    done = subprocess.run([sys.executable, "-m", "hpc_train.command", "--resolved", str(run_dir / "job.yaml")],
+                          env=environ, cwd=submit_dir, capture_output=True, text=True, timeout=60)
+    return done, run_dir
+
+
+def test_a_command_runs_in_its_runs_work_directory_and_a_relative_script_is_the_submit_directorys(tmp_path):
+    (tmp_path / "submit").mkdir()
+    (tmp_path / "submit" / "client.py").write_text(
+        "import json, os\nprint(json.dumps({'cwd': os.getcwd(), 'submit': os.environ['HPC_TRAIN_SUBMIT_DIR']}))\n")
+    done, run_dir = start_wrapper(tmp_path, "name: t\ncommand: [python, client.py]\n")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"cwd": str(run_dir / "work"), "submit": str(tmp_path / "submit")}
+
+
+def test_workdir_submit_runs_where_the_launcher_started_it(tmp_path):
+    done, run_dir = start_wrapper(tmp_path, "name: t\nworkdir: submit\ncommand: [python, -c, 'import os; print(os.getcwd())']\n")
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "submit"), done.stderr
+    assert not (run_dir / "work").exists()
+
+
+@pytest.mark.parametrize("command, name", [(["/nonexistent/prog"], "/nonexistent/prog"),
+                                           (["no-such-program-hpc-train"], "no-such-program-hpc-train"),
+                                           (["python", "/nonexistent/train.py"], "/nonexistent/train.py")])
+def test_a_missing_program_at_launch_is_exit_127_and_the_runs_reason(tmp_path, command, name):
+    # Was: python's own exit 2 for a missing script ("bad configuration or data"); exec's bare OSError text.
+    done, run_dir = start_wrapper(tmp_path, f"name: t\ncommand: {json.dumps(command)}\n")
+    assert done.returncode == 127 and done.stderr.strip().splitlines()[-1] == f"hpc-train: program not found: {name}"
+    events = [json.loads(line) for line in (run_dir / "state.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["exit_code"], e["reason"]) for e in events] == [("failed", 127, f"program not found: {name}")]
+
+
+def test_a_planted_work_symlink_is_refused_not_followed(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "work").symlink_to(tmp_path / "elsewhere")
+    done, _ = start_wrapper(tmp_path, "name: t\ncommand: [python, -c, 'open(\"x\", \"w\")']\n")
+    assert done.returncode == 2 and "is not a directory (a symlink or a file)" in done.stderr, done.stderr
+    assert list((tmp_path / "elsewhere").iterdir()) == []
