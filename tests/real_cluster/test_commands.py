@@ -70,8 +70,11 @@ def test_a_command_that_checkpoints_on_the_signal_is_requeued_and_resumes(slurm_
 def test_two_runs_of_a_client_that_keeps_its_snapshot_in_its_cwd_never_see_each_other(slurm_cluster, tmp_path):
     # The DDP tutorial's snapshot.pt, on 2 nodes: the second run found the first's (it ran in the submit directory).
     shutil.copy(SCRIPTS / "snapshot_in_cwd.py", tmp_path / "client.py")
-    runs = [submit_json(slurm_cluster, "--nodes", "2", "--tasks-per-node", "1", "--gpus", "1", "--wait", "--",
-                        "python", "client.py", "once", cwd=tmp_path) for _ in range(2)]
+    runs = []
+    for _ in range(2):  # with --wait the JSON line comes first, the run's end after it
+        out = hpc(slurm_cluster, "submit", "--nodes", "2", "--tasks-per-node", "1", "--gpus", "1", "--json", "--wait",
+                  "--", "python", "client.py", "once", cwd=tmp_path).stdout
+        runs.append(json.loads(next(line for line in out.splitlines() if line.startswith("{"))))
     for run in runs:
         run_dir = Path(run["run_dir"])
         seen = [json.loads(line) for line in (run_dir / "seen.jsonl").read_text().splitlines()]
