@@ -411,3 +411,17 @@ def test_the_job_yaml_is_written_as_it_is_whatever_lines_it_holds(tmp_path):
     written = subprocess.run(["bash", "-c", preamble + 'printf %s "$HT_JOB_YAML"'], capture_output=True, text=True,
                              check=True).stdout
     assert written == config.dump_yaml(spec) and "EOF\n'" in spec.slurm.env["X"]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_a_site_template_of_the_previous_release_defines_the_run_file_helpers_its_partials_call(variant):
+    # A site's default.sbatch.j2 copied from an earlier release includes run_dir.j2 or launch_packed.j2 but not
+    # run_files.j2 (it did not exist): those partials bring the helpers they call, or the job dies on its node with
+    # "run_logs_dir: command not found" before any state is written. The package's template includes them the same way.
+    assert "run_files.j2" not in (render.templates_dir() / "default.sbatch.j2").read_text()
+    text = render_variant(variant)
+    called = set(re.findall(r"\b(run_(?:logs_dir|file_write|file_append))\b(?!\(\))", text))
+    assert called, "the script calls none of the run-file helpers"
+    for name in called:
+        defined = text.find(f"{name}() {{")
+        assert 0 <= defined < text.find(f"{name} "), f"{name} called before it is defined"
