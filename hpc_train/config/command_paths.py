@@ -27,10 +27,6 @@ PYTHON_WORDS = ("python", "python3")
 
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
 """A program that is a Python interpreter (``python``, ``python3.12``, ``.venv/bin/python``): its SCRIPT is a file."""
-_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
-"""Python options whose value is the next word (so that word is not the script)."""
-_PYTHON_NO_SCRIPT = ("-c", "-m", "-")
-"""After these, python runs no script file (a string, a module, stdin)."""
 
 
 def is_python(program: str) -> bool:
@@ -45,15 +41,31 @@ def script_index(argv: tuple[str, ...] | list[str]) -> int | None:
     index = 1
     while index < len(argv):
         word = argv[index]
-        if word in _PYTHON_NO_SCRIPT or (word[:2] in ("-c", "-m") and not word.startswith("--")):
-            return None  # -c CODE, -m MOD, -cCODE, -mMOD, stdin
-        if word in _PYTHON_OPTIONS_WITH_VALUE:
+        if word == "-":
+            return None  # stdin
+        if word == "--check-hash-based-pycs":
             index += 2
+        elif word.startswith("--"):
+            index += 1
         elif word.startswith("-"):
-            index += 1  # -u, -B, -OO, -Wignore, -Xdev, ...
+            takes = _short_cluster(word[1:])  # -u, -uc CODE, -Bm MOD, -W ignore, -Wignore, -OO, ...
+            if takes is None:
+                return None
+            index += 1 + takes
         else:
             return index
     return None
+
+
+def _short_cluster(letters: str) -> int | None:
+    """How many next words a cluster of python's one-letter options takes as its value (0 or 1); None when it
+    ends the options with no script file (``c``: code, ``m``: a module)."""
+    for position, letter in enumerate(letters):
+        if letter in "cm":
+            return None
+        if letter in "WX":  # the value is the rest of the word, or the next word
+            return 0 if letters[position + 1:] else 1
+    return 0
 
 
 def relative_paths(argv: tuple[str, ...]) -> list[int]:
