@@ -14,7 +14,7 @@ LOCAL_RANK from the environment: accelerate/state.py:247-262). The contract, lin
 * ``use_cpu=True`` on a machine without CUDA: without it ``_setup_devices`` builds ``PartialState(cpu=False)``
   (training_args.py:1876-1878), which finds LOCAL_RANK but no GPU and leaves every rank at world size 1;
 * ``output_dir`` under ``HPC_TRAIN_CHECKPOINT_DIR`` (per run, the same after a requeue), never the working
-  directory, which every run from there shares;
+  directory (``<run dir>/work`` by default, or the submit directory every run shares under ``workdir: submit``);
 * a ``TrainerCallback`` agrees on the flag at each step end (one all-reduce: the ranks must stop at the same
   step) and sets ``control.should_save`` and ``control.should_training_stop`` (TrainerControl,
   transformers/trainer_callback.py:240-264). The Trainer calls ``on_step_end`` and then

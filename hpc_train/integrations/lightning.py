@@ -115,7 +115,8 @@ def trainer_options(*, backend: str | None = None, timeout_s: int = 600) -> dict
     with :class:`HpcTrainEnvironment`; ``gloo`` on CPUs, ``nccl`` on GPUs unless ``backend`` says) from hpc-train's
     mapping, so Lightning's world size is the launcher's whatever ``devices`` the script would have passed; and
     ``default_root_dir``, the run directory (``HPC_TRAIN_RUN_DIR``): Lightning's own files (``lightning_logs/``, its
-    checkpoints) are then per run, not in the submit directory every run shares. That matters beyond tidiness:
+    checkpoints) are then in the run directory whatever the job's ``workdir`` (under ``workdir: submit`` the working
+    directory is the submit directory every run shares). That matters beyond tidiness:
     under srun a ``fit(ckpt_path=None)`` resumes from any ``hpc_ckpt_*.ckpt`` in ``default_root_dir``
     (``lightning/pytorch/trainer/connectors/checkpoint_connector.py:121-122``), another run's included."""
     dist = DistEnv.from_environ()

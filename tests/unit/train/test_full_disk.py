@@ -50,7 +50,7 @@ def test_a_full_disk_at_a_checkpoint_fails_naming_enospc_and_keeps_the_previous_
     assert unshare and mount, "util-linux unshare and mount are needed for the tmpfs"
     job, run = tmp_path / "job.yaml", tmp_path / "run"
     job.write_text(JOB)
-    done = subprocess.run([unshare, "-m", "--propagation", "private", "bash", "-c", SCRIPT],
+    done = subprocess.run([unshare, "-rm", "--propagation", "private", "bash", "-c", SCRIPT],
                           env={**os.environ, "RUN": str(run), "JOB": str(job), "PY": sys.executable},
                           capture_output=True, text=True, timeout=240)
     first = (run / "first.log").read_text() if (run / "first.log").exists() else ""
