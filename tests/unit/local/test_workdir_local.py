@@ -49,6 +49,14 @@ def test_a_new_run_never_finds_another_runs_snapshot_and_a_requeue_or_resume_fin
         assert status["state"] == "completed" and status["workdir"] == work
         assert json.loads((Path(run["run_dir"]) / "run.json").read_text())["workdir"] == work
     assert sorted(p.name for p in tmp_path.iterdir()) == ["client.py", "runs"]  # nothing in the submit directory
+    # Resumed from another directory, `client.py` would be another file: refused, naming both, nothing changed.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "client.py").write_text("raise SystemExit('another client')\n")
+    before = (Path(second["run_dir"]) / "run.json").read_text()
+    moved = cli("submit", "--cluster", "local", "--resume", second["run_dir"], "--dry-run", cwd=elsewhere, timeout=60)
+    assert_refused(moved, f"this run was submitted from {tmp_path}")
+    assert (Path(second["run_dir"]) / "run.json").read_text() == before and [p.name for p in elsewhere.iterdir()] == ["client.py"]
 
 
 @pytest.mark.parametrize("command, missing", [
