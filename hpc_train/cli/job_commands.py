@@ -191,8 +191,8 @@ def submit(cluster: str, resume: str | None, chain: int, dry_run: bool, wait: bo
             if resume is not None else (None, None, None)
         resume_dir = run.run_dir if run is not None else None
         resolved = resolve(kwargs, job_file)
-        if resume_dir is not None:
-            _check_same_submit_dir(resume_dir, resolved.spec)
+        if run is not None:
+            _check_same_submit_dir(run.record, resolved.spec)
         check_in_submit_dir(resolved.spec, Path.cwd())  # a relative program or script after --: exit 2 now
         if resume_dir is not None and job_file is not None:
             _check_continuation(resume_dir, job_file, resolved)
@@ -262,18 +262,15 @@ def _check_continuation(run_dir: Path, job_file: Path, resolved: Any) -> None:
     check_continuation(f"{old.name}/{run_dir.name}", old, resolved.spec)
 
 
-def _check_same_submit_dir(run_dir: Path, spec: Any) -> None:
+def _check_same_submit_dir(record: Any, spec: Any) -> None:
     """A command's relative program or script, and ``workdir: submit``, mean the submit directory's files: resumed
-    from another directory they would silently mean others (run.json keeps where the run was submitted)."""
+    from another directory they would silently mean others (``record``: the run's run.json, which keeps where the
+    run was submitted)."""
     from ..config.command_paths import relative_paths
-    from ..runs import safe_files
 
     if not spec.command or not (relative_paths(tuple(spec.command)) or spec.workdir == "submit"):
         return
-    try:
-        submitted_in = safe_files.read_json(run_dir / "run.json").get("submit_dir")
-    except (OSError, ValueError, AttributeError):
-        return  # the run's own state check (above) speaks for an unreadable run.json
+    submitted_in = record.get("submit_dir")
     if isinstance(submitted_in, str) and Path(submitted_in).resolve() != Path.cwd().resolve():
         raise ConfigError(f"--resume from {Path.cwd()}: this run was submitted from {submitted_in}, and its command's "
                           f"relative paths mean files there; resume it from {submitted_in}")
