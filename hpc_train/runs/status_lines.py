@@ -58,19 +58,20 @@ def _counts(sweep: Mapping[str, Any]) -> str:
     return ", ".join(f"{n} {state}" for state, n in sweep["counts"].items())
 
 
+def _listed(names: list[str], shown: int = 5) -> str:
+    """The first ``shown`` names, and how many more there are."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def _not_completed(sweep: Mapping[str, Any], shown: int = 5) -> str | None:
     names = [row["run"].rsplit("/", 1)[-1] + f" {row['state']}" for row in sweep["runs"]
              if row["run"] in sweep["not_completed"]]
-    if not names:
-        return None
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return "did not complete: " + ", ".join(names[:shown]) + more
+    return "did not complete: " + _listed(names, shown) if names else None
 
 
 def _point_names(rows: list[Mapping[str, Any]], shown: int = 5) -> str:
-    names = [row["run"].rsplit("/", 1)[-1] for row in rows]
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
+    return _listed([row["run"].rsplit("/", 1)[-1] for row in rows], shown)
 
 
 def _ended(sweep: Mapping[str, Any]) -> bool:
