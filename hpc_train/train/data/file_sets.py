@@ -26,6 +26,10 @@ def read_list_file(list_path: Path, image_root: Path, num_classes: int | None = 
     if num_classes is not None:
         list_files.check_labels(entries, list_path, num_classes)
     list_files.check_files(entries, list_path, image_root)
+    return _file_split(entries, image_root)
+
+
+def _file_split(entries: list[list_files.ListEntry], image_root: Path) -> FileSplit:
     return FileSplit(image_root, [e.path for e in entries], np.asarray([e.label for e in entries], dtype=np.int64))
 
 
@@ -43,7 +47,7 @@ def load_list(cfg: DataConfig, image_root: Path | None = None) -> DataSource:
     entries = list_files.read_entries(train_list)
     num_classes = list_files.class_count(entries, train_list)
     list_files.check_files(entries, train_list, images_at)
-    train = FileSplit(images_at, [e.path for e in entries], np.asarray([e.label for e in entries], dtype=np.int64))
+    train = _file_split(entries, images_at)
     test = read_list_file(_resolve_list(root, cfg.test_list or ""), images_at, num_classes)
     val = read_list_file(_resolve_list(root, cfg.val_list), images_at, num_classes) if cfg.val_list else None
     if val is None:
