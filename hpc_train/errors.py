@@ -25,6 +25,12 @@ class SubmitError(HpcTrainError):
     """The scheduler refused or could not be reached (exit 2: nothing was queued)."""
 
 
+class SubmitInterrupted(SubmitError):
+    """Ctrl-C while sbatch ran; the message says what became of the job (exit 130, as a shell's Ctrl-C)."""
+
+    exit_code = 130
+
+
 class ProvisionError(HpcTrainError):
     """ansible-playbook is missing or the inventory is unusable (exit 2)."""
 

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..config import JobSources, JobSpec, Resolved, dump_yaml
-from ..errors import HpcTrainError, SubmitError
+from ..errors import HpcTrainError, SubmitError, SubmitInterrupted
 from ..render import LaunchSpec, array_tasks, render_sbatch
 from ..render.plain import resolve_python
 from ..runs import rundir
 from ..runs.submission import SubmitResult, continue_run_record, run_record, submission_facts, write_run_files
 from ..runs.undo import Created
 from . import client as slurm_cli
+from .sbatch_process import SbatchInterrupted
 
 SWEEPS_DIR = ".sweeps"
 """Under a job's directory of runs: each submitted sweep's point files and its arrays' scripts."""
@@ -127,15 +128,35 @@ def _sbatch_refused(exc: Exception) -> SubmitError:
     return SubmitError(f"sbatch refused the job: {slurm_cli.slurm_message(str(text))}")
 
 
+def _sbatch_interrupted(exc: SbatchInterrupted, job_name: str) -> SubmitInterrupted:
+    """What became of the job sbatch was queueing when Ctrl-C came: the id it printed (cancelled with the rest of
+    the submission), else where to look for it."""
+    job_id = exc.job_id
+    if job_id:
+        return SubmitInterrupted(f"interrupted: sbatch had queued job {job_id}; it is cancelled with the rest of "
+                                 f"this submission (`squeue --me -j {job_id}` to see it gone)")
+    return SubmitInterrupted(f"interrupted while sbatch ran: job {job_name!r} may be queued all the same; "
+                             f"see `squeue --me --name {shlex.quote(job_name)}` and scancel it (its files are removed)")
+
+
 @contextlib.contextmanager
-def _sbatch_refusal_said_once() -> Iterator[None]:
-    """A refusal of sbatch as our one line (:func:`_sbatch_refused`: Slurm's reason, without its noise). submitit
-    prints sbatch's stderr (``sbatch: error: ...``, often two lines) before it raises with the same text; what it
-    printed is held back until the submission is accepted, when it is the user's to see."""
+def _sbatch_said_once(job_name: str, queued: list[str]) -> Iterator[None]:
+    """A refusal of sbatch as our one line (:func:`_sbatch_refused`: Slurm's reason, without its noise). What is
+    printed while sbatch runs is held back until the submission is accepted, when it is the user's to see. A
+    Ctrl-C (exit 130) prints what was held and what sbatch wrote (:class:`~.sbatch_process.SbatchInterrupted`), adds
+    the job it printed to ``queued`` (the submission's undo cancels it) and says what became of the job."""
     printed = io.StringIO()
     try:
         with contextlib.redirect_stderr(printed):
             yield
+    except SbatchInterrupted as exc:
+        sys.stderr.write(printed.getvalue() + exc.stderr)
+        if exc.job_id:
+            queued.append(exc.job_id)
+        raise _sbatch_interrupted(exc, job_name) from None
+    except KeyboardInterrupt:  # before sbatch ran: nothing queued by it; what was held is still the user's
+        sys.stderr.write(printed.getvalue())
+        raise
     except Exception as exc:  # submitit wraps sbatch's refusal (FailedJobError, CalledProcessError)
         raise _sbatch_refused(exc) from None
     sys.stderr.write(printed.getvalue())
@@ -168,7 +189,7 @@ class _SlurmSubmission:
                                      sweep_launch=sweep_launch)
 
     def one(self, spec: JobSpec, resume_dir: Path | None) -> tuple[Any, Path]:
-        with _sbatch_refusal_said_once():
+        with _sbatch_said_once(spec.name, self.queued):
             job = self.executor(spec, resume_dir).submit(_train_job(spec, None))
         job_id = str(job.job_id)
         self.queued.append(job_id)
@@ -203,7 +224,7 @@ class _SlurmSubmission:
                                                "sweep_id": sweep_id})
         if max_parallel:
             executor.update_parameters(array_parallelism=max_parallel)
-        with _sbatch_refusal_said_once(), executor.batch():  # each task reads its first point's file (a path)
+        with _sbatch_said_once(self.spec.name, self.queued), executor.batch():  # each task reads its first point's file (a path)
             jobs = [executor.submit(_point_job(self.sweep[task * pack], points_dir / f"point-{task * pack}.yaml"))
                     for task in range(first_task, first_task + tasks)]
         self.queued.append(str(jobs[0].job_id).split("_")[0])
@@ -264,8 +285,8 @@ class _SlurmSubmission:
         for job_id in self.queued:
             try:
                 slurm_cli.cancel(job_id)
-            except HpcTrainError:
-                pass
+            except HpcTrainError as exc:  # said, never swallowed: the job may still run
+                print(f"warning: job {job_id} of this submission could not be cancelled: {exc}", file=sys.stderr)
         self.created.undo()
 
 

@@ -3,7 +3,9 @@
 submitit builds its sbatch file in ``SlurmExecutor._make_submission_file_text(command, uid)``; we
 override that hook so the file submitit writes and submits is *our* template, rendered with submitit's
 launch line (``python -u -m submitit.core._submit <folder>``) and submitit's log paths. Everything else
-(pickling the callable, ``sbatch``, job ids, result pickles, arrays) stays submitit's.
+(pickling the callable, job ids, result pickles, arrays) stays submitit's. sbatch itself runs through
+:func:`hpc_train.slurm.sbatch_process.run_sbatch` (``_submit_command``, submitit's steps around it kept), so a Ctrl-C
+while it runs still has what sbatch said and the job id it printed.
 
 tests/unit/slurm/test_submitit_hook.py takes the lines submitit needs from the installed submitit's own builder
 at test time and checks each is in ours, so an upgrade that changes them fails loudly.
@@ -24,6 +26,7 @@ from submitit.slurm.slurm import SlurmJob
 from ..config import JobSpec
 from ..errors import TemplateError
 from ..render import LaunchSpec, array_tasks, render_sbatch
+from .sbatch_process import run_sbatch
 
 
 def submitit_launch(folder: Path, command: str, *, map_count: int | None = None,
@@ -101,6 +104,20 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         for job, pickle_path in zip(jobs, pickle_paths):
             job.paths.move_temporary_file(pickle_path, "submitted_pickle")
         return jobs
+
+    def _submit_command(self, command: str) -> SlurmJob:
+        """submitit's ``Executor._submit_command`` step for step, with sbatch run by :func:`run_sbatch` instead of
+        submitit's ``CommandFunction`` (which keeps sbatch's stderr where a Ctrl-C loses it)."""
+        uid = uuid.uuid4().hex
+        submission_file = JobPaths.get_first_id_independent_folder(self.folder) / f".submission_file_{uid}.sh"
+        submission_file.write_text(self._make_submission_file_text(command, uid), encoding="utf-8")
+        output = run_sbatch(self._make_submission_command(submission_file))
+        job = self.job_class(folder=self.folder, job_id=self._get_job_id_from_submission_command(output),
+                             tasks=list(range(self._num_tasks())))
+        job.paths.move_temporary_file(submission_file, "submission_file", keep_as_symlink=True)
+        self._write_job_id(job.job_id, uid)
+        self._set_job_permissions(job.paths.folder)
+        return job
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         # submitit writes this text to .submission_file_<uid>.sh; remember it, to remove it if sbatch refuses.
