@@ -3,7 +3,10 @@ hpc-train's signal, checkpoints, leaves with 75, is launched again, resumes and 
 
 The signal goes out once both ranks of the first launch have said they are stepping (their progress heartbeat,
 ``ranks/rank-R.progress``, restart 0), to each rank's process, as Slurm signals every task of the step: not at a
-fixed time into the launch, which on a loaded machine is before the first step or after the last one."""
+fixed time into the launch, which on a loaded machine is before the first step or after the last one. The first
+launch steps slowly (first_launch_slow.py: FIRST_LAUNCH_STEP_S a step, minutes for the whole launch), so a test
+process starved between seeing the ranks step and signalling them cannot meet a launch that already ended (with the
+examples' own pace it ended 4-6 s later: a 7 s delay injected there failed); the resumed launch keeps the quick pace."""
 
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ MISSING = [name for name in ("torch", "lightning") if importlib.util.find_spec(n
 assert not MISSING, f"{MISSING} not installed: run make venv (the clients extra, setup.cfg)"
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+FIRST_LAUNCH_SLOW = Path(__file__).resolve().parent / "first_launch_slow.py"
+FIRST_LAUNCH_STEP_S = "1"  # the first launch's 200-300 steps would take minutes: the signal lands long before
 STEPPING_DEADLINE_S = 300  # imports of torch (+ Lightning) and the gloo rendezvous on 2 busy cores
 RUN_DEADLINE_S = 600
 
@@ -50,9 +55,10 @@ def _first_launch_pids(runs: Path, proc: subprocess.Popen) -> list[int]:
     pytest.fail(f"both ranks not stepping after {STEPPING_DEADLINE_S} s")
 
 
-def preempted_once(tmp_path: Path, name: str, command: list[str]) -> tuple[Path, str]:
-    """``submit --cluster local --wait`` of ``command`` on 2 ranks, USR2 to both ranks once they step; the run
-    directory and the submit's output once it has ended (exit 0 asserted)."""
+def preempted_once(tmp_path: Path, name: str, example: str, *args: str) -> tuple[Path, str]:
+    """``submit --cluster local --wait -- python EXAMPLE ARGS`` on 2 ranks (its first launch slow), USR2 to both
+    ranks once they step; the run directory and the submit's output once it has ended (exit 0 asserted)."""
+    command = ["python", str(FIRST_LAUNCH_SLOW), FIRST_LAUNCH_STEP_S, str(EXAMPLES / example), *args]
     proc = subprocess.Popen([sys.executable, "-m", "hpc_train.cli", "submit", "--cluster", "local",
                              "--tasks-per-node", "2", "--name", name, "--set", "slurm.max_requeues=2", "--wait", "--",
                              *command], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -80,8 +86,7 @@ def assert_completed_after_one_requeue(tmp_path: Path, name: str) -> None:
 
 
 def test_plain_ddp_is_preempted_requeued_resumed_and_completed(tmp_path):
-    run_dir, _ = preempted_once(tmp_path, "plain", ["python", str(EXAMPLES / "plain_ddp.py"), "--steps", "300",
-                                                    "--step-s", "0.02"])
+    run_dir, _ = preempted_once(tmp_path, "plain", "plain_ddp.py", "--steps", "300", "--step-s", "0.02")
     done = json.loads((run_dir / "result.json").read_text())
     assert done["step"] == 300 and done["restart"] == 1 and 0 < done["resumed_from"] < 300, done
     assert abs(done["weight"] - 3) < 0.05 and abs(done["bias"] + 1) < 0.05, done
@@ -129,8 +134,7 @@ def test_hf_trainer_example_runs_at_world_size_2_to_completion(tmp_path):
 def test_lightning_module_has_the_launchers_world_and_is_preempted_requeued_resumed(tmp_path):
     # The example leaves `devices` to trainer_options(); Lightning alone would take devices="auto" on a CPU as
     # one device, and each rank would train alone (world size 1, all 128 batches of an epoch).
-    run_dir, _ = preempted_once(tmp_path, "lit", ["python", str(EXAMPLES / "lightning_module.py"), "--steps", "200",
-                                                  "--step-s", "0.02"])
+    run_dir, _ = preempted_once(tmp_path, "lit", "lightning_module.py", "--steps", "200", "--step-s", "0.02")
     done = json.loads((run_dir / "result.json").read_text())
     assert done["world_size"] == 2 and done["batches_per_epoch"] == 64, done  # 4096 samples / 32 / 2 ranks
     assert done["step"] == 200 and done["restart"] == 1 and 0 < done["resumed_from"] < 200, done
