@@ -44,18 +44,21 @@ class _PassOnInterrupts:
         self.count = 0
         self.process: subprocess.Popen | None = None
         self.previous: Any = None
+        self.installed = False
         self.timer: threading.Timer | None = None
 
     def __enter__(self) -> "_PassOnInterrupts":
-        self.previous = signal.getsignal(signal.SIGINT)
-        if self.previous is not signal.SIG_IGN:
-            signal.signal(signal.SIGINT, self._on_interrupt)
+        # Only the main thread receives signals (and may set handlers); elsewhere sbatch simply runs to its end.
+        self.installed = threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        if self.installed:
+            self.previous = signal.signal(signal.SIGINT, self._on_interrupt)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        if self.previous is not signal.SIG_IGN:
+        if self.installed:
             signal.signal(signal.SIGINT, self.previous)
 
     def started(self, process: subprocess.Popen) -> None:
