@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpc_train.rank.interpreter import interpreter_options
+from tests.conftest import LAUNCHER_VARIABLES
 
 RECORDER = """import json, os, sys
 if os.environ.get("HPC_TRAIN_RUN_DIR"):  # the process after the run directory was carried in: say its flags, leave
@@ -38,8 +39,8 @@ def test_a_train_run_alone_keeps_the_interpreters_options_when_it_starts_itself_
     (tmp_path / "hook").mkdir()
     (tmp_path / "hook" / "sitecustomize.py").write_text(RECORDER)
     (tmp_path / "site.yaml").write_text("{}\n")
-    env = {key: value for key, value in os.environ.items() if key not in ("HPC_TRAIN_RUN_DIR", "PYTHONWARNINGS",
-                                                                           "PYTHONDEVMODE", "PYTHONOPTIMIZE")}
+    unset = (*LAUNCHER_VARIABLES, "PYTHONWARNINGS", "PYTHONDEVMODE", "PYTHONOPTIMIZE")  # alone, options from argv
+    env = {key: value for key, value in os.environ.items() if key not in unset}
     env.update(PYTHONPATH=os.pathsep.join([str(tmp_path / "hook"), *filter(None, [env.get("PYTHONPATH")])]),
                FLAGS_FILE=str(tmp_path / "flags.json"), HPC_TRAIN_SITE=str(tmp_path / "site.yaml"))
     done = subprocess.run([sys.executable, *OPTIONS, *program, "digits_lt_demo", "--set", "slurm.tasks_per_node=1"],
