@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from hpc_train.rank.interpreter import interpreter_options
-from tests.conftest import LAUNCHER_VARIABLES
 
 RECORDER = """import json, os, sys
 if os.environ.get("HPC_TRAIN_RUN_DIR"):  # the process after the run directory was carried in: say its flags, leave
@@ -34,15 +33,15 @@ HPC_TRAIN = shutil.which("hpc-train", path=str(Path(sys.executable).parent))
     ["-m", "hpc_train.cli", "train"],   # hpc-train train JOB, through python -m
     [HPC_TRAIN, "train"],               # the console script, run by an interpreter given options
 ], ids=["module", "cli-module", "console-script"])
-def test_a_train_run_alone_keeps_the_interpreters_options_when_it_starts_itself_again(tmp_path, program):
+def test_a_train_run_alone_keeps_the_interpreters_options_when_it_starts_itself_again(tmp_path, program,
+                                                                                      isolated_launch_env):
     assert HPC_TRAIN, "the hpc-train console script is not installed beside this interpreter (make venv)"
     (tmp_path / "hook").mkdir()
     (tmp_path / "hook" / "sitecustomize.py").write_text(RECORDER)
-    (tmp_path / "site.yaml").write_text("{}\n")
-    unset = (*LAUNCHER_VARIABLES, "PYTHONWARNINGS", "PYTHONDEVMODE", "PYTHONOPTIMIZE")  # alone, options from argv
+    unset = ("PYTHONWARNINGS", "PYTHONDEVMODE", "PYTHONOPTIMIZE")  # the options come from the command line only
     env = {key: value for key, value in os.environ.items() if key not in unset}
     env.update(PYTHONPATH=os.pathsep.join([str(tmp_path / "hook"), *filter(None, [env.get("PYTHONPATH")])]),
-               FLAGS_FILE=str(tmp_path / "flags.json"), HPC_TRAIN_SITE=str(tmp_path / "site.yaml"))
+               FLAGS_FILE=str(tmp_path / "flags.json"))
     done = subprocess.run([sys.executable, *OPTIONS, *program, "digits_lt_demo", "--set", "slurm.tasks_per_node=1"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
