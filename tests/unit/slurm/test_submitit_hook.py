@@ -86,3 +86,34 @@ def test_executor_renders_our_template(tmp_path, monkeypatch):
     assert text.startswith("#!/bin/bash\n# digits-lt-demo: rendered by hpc-train")
     assert f"-m submitit.core._submit {tmp_path / '.submitit'}" in text
     assert Path(executor.folder) == tmp_path / ".submitit"
+
+
+def _called_names(function):
+    """The names a function calls, in order (``self._write_job_id(...)`` -> ``_write_job_id``)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    calls = sorted((node.func for node in ast.walk(tree) if isinstance(node, ast.Call)),
+                   key=lambda func: (func.lineno, func.col_offset))
+    names = [call.attr if isinstance(call, ast.Attribute) else getattr(call, "id", "") for call in calls]
+    return [name for name in names if name]
+
+
+def test_our_submit_command_takes_every_step_of_the_installed_submitits():
+    """TemplateSlurmExecutor._submit_command is submitit's own with sbatch run by run_sbatch (a Ctrl-C keeps what
+    sbatch said): if a submitit upgrade adds, drops or renames a step, our copy must follow, and this fails."""
+    from submitit.core.core import PicklingExecutor
+
+    from hpc_train.slurm.submitit_hook import TemplateSlurmExecutor
+
+    theirs = [name for name in _called_names(PicklingExecutor._submit_command) if name != "CommandFunction"]
+    ours = [name for name in _called_names(TemplateSlurmExecutor._submit_command) if name != "run_sbatch"]
+    steps = {"get_first_id_independent_folder", "_make_submission_file_text", "_make_submission_command",
+             "_get_job_id_from_submission_command", "_num_tasks", "job_class", "move_temporary_file",
+             "_write_job_id", "_set_job_permissions"}
+    assert steps <= set(theirs), theirs  # the steps we copied are still submitit's
+    assert set(theirs) - {"open", "write", "write_text"} <= set(ours), (theirs, ours)  # and there is no new one
+    after_sbatch = ["move_temporary_file", "_write_job_id", "_set_job_permissions"]  # the order of what they write
+    assert [n for n in ours if n in after_sbatch] == [n for n in theirs if n in after_sbatch] == after_sbatch
