@@ -93,7 +93,6 @@ def next_boot_has_module(root: Path, result: subprocess.CompletedProcess) -> tup
 
 def kernel_moves(ladder, venv: Path) -> None:
     repos = lib.ensure_repos("repos")
-    newest_driver = fake_repos.DRIVER_VERSIONS[-1]
 
     # a. The mirror moved on: kernel-devel-matched exists only for the newer kernel.
     node = fresh_live_node("kernel-moves-a", repos, "baseos-moved-on")
@@ -122,18 +121,15 @@ def kernel_moves(ladder, venv: Path) -> None:
     result, records = play(venv, node, repos, "kernel-moves-b", *site)
     failure = (lib.first_failure(records, "el9-image") or {}).get("msg", "")
     ok, detail = next_boot_has_module(root, result)
-    built_by_role = [r for r in records if r["task"].endswith("Build the module with DKMS") and r["status"] != "skipped"]
+    # build.yml's first task: reached (run or skipped) only by a run that went on to the build.
+    build_reached = [r["status"] for r in records if r["task"].endswith("Read the installed driver and look for its module")]
     ladder.check("live/a site's extra package brings a newer kernel-core in the driver's transaction: the kernel GRUB "
                  "boots next has nvidia.ko, or the run stopped before the build",
-                 ok or (result.returncode != 0 and built_by_role == [] and grub_default(root) == NEWER_KERNEL),
-                 f"{detail}\nbuild tasks run: {[r['status'] for r in built_by_role]}\n{failure}")
+                 ok or (result.returncode != 0 and build_reached == [] and grub_default(root) == NEWER_KERNEL),
+                 f"{detail}\nbuild step reached: {build_reached}\n{failure}")
+    # The rerun the message asks for builds for the kernel GRUB boots next: live_change's 7b shows that case (a
+    # default kernel that is not the running one); not repeated here (about 45 s).
     ladder.check("live/... stopped after the transaction, naming both kernels and the rerun",
                  failure.startswith(f"nvidia_driver: the package transaction on el9-image moved GRUB's default kernel from {IMAGE_KERNEL} "
                                     f"to {NEWER_KERNEL}") and "Rerun" in failure and f"kernel-modules-extra-{fake_repos.NEWER_KERNEL}"
                  in lib.rpm_packages(root), failure)
-    # The rerun the message asks for: the driver is built for the kernel the node now boots next.
-    result, records = play(venv, node, repos, "kernel-moves-b-rerun", *site)
-    ladder.check("live/... the rerun builds nvidia.ko for the kernel GRUB boots next",
-                 result.returncode == 0 and lib.built_modules(root, NEWER_KERNEL) == [f"{newest_driver} Dual MIT/GPL"],
-                 f"rc={result.returncode} {lib.built_modules(root, NEWER_KERNEL)}\n"
-                 f"{(lib.first_failure(records, 'el9-image') or {}).get('msg', '') or lib.tail(result.stdout, 12)}")
