@@ -11,6 +11,8 @@ Rungs, each printed with its wall time:
   nccl_pin          an NCCL pin change on a root whose dnf honours the versionlock list (the old lock must not block it)
   live_change       the driver lifecycle on a live node (rungs_live.py): drain, change, reboot through Slurm, check,
                     resume; rollback 570 -> 550; unknown NodeName; kernel update; failed fabric manager
+  live_kernel_moves a driver install whose transaction would bring a newer kernel-core (rungs_kernel.py; with the live
+                    rung, on fresh roots: runs in pipeline C beside converge)
   gpu_validate      validate.yml against a stand-in nvidia-smi (rungs_nodes.py)
   pytorch_env       the pytorch_env role for real from stand-in wheels; docs/ansible.md's offline recipe
   real_slurm        site.yml --tags slurm against a real Slurm 22.05 (rungs_slurm.py): classic and configless
@@ -38,6 +40,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import ladder_lib  # noqa: E402
+import rungs_kernel  # noqa: E402
 import rungs_live  # noqa: E402
 import rungs_nodes  # noqa: E402
 import rungs_packages  # noqa: E402
@@ -253,6 +256,7 @@ def main() -> int:
             with ladder.rung(f"static[{label_current}]"):
                 static(ladder, venv_current, label_current)
         steps = [("converge", "missing_branch", rungs_packages.missing_branch), ("converge", "nccl_pin", rungs_packages.nccl_pin_change),
+                 ("live", "live_kernel_moves", rungs_kernel.kernel_moves),
                  ("gpu_validate", "gpu_validate", rungs_nodes.gpu_validate), ("pytorch_env", "pytorch_env", rungs_nodes.pytorch_env)]
         for rung, name, function in steps:
             if rung in wanted:

@@ -8,13 +8,17 @@ on NVIDIA's EL packaging) and a few marker files. Where behaviour matters the st
   * "bash" is a static busybox, so rpm can run those scriptlets inside the root;
   * kernel-core owns /lib/modules/<kernel>, as on EL, and its %posttrans makes the kernel GRUB's default through the
     grubby stand-in (stand_ins/grubby), as kernel-install does on EL; each kernel has EL9's kernel-devel-matched, and
-    dkms requires it as EPEL's dkms spec does ("(kernel-devel-matched if kernel-core)"). Cannot show: which
-    kernel-devel-matched EL9's dnf picks for dkms alone (Debian's dnf 4.14 takes the installed kernel's own);
+    dkms requires it as EPEL's dkms spec does ("(kernel-devel-matched if kernel-core)"); kernel-core and
+    kernel-devel are install-only as on EL; kernel-modules-extra requires its own kernel-core;
+  * baseos-moved-on is BaseOS after the next minor release (no package of KERNEL): dkms's requirement can then only be
+    met by the newer kernel's kernel-devel-matched, which brings its kernel-core. Cannot show: which
+    kernel-devel-matched EL9's dnf picks for dkms when the installed kernel's own is available (Debian's dnf 4.14
+    takes that one);
   * nvidia-persistenced's unit has no [Install] section, as NVIDIA packages it.
 The cuda repository carries modulemd v2 metadata for streams <branch>-open and <branch>-dkms, one module version per
 driver release, so dnf's modular filtering and `dnf module switch-to` work as on a real EL9 host.
 
-    python build.py OUT_DIR        ->  OUT_DIR/{baseos,epel,cuda}/ with repodata; prints a JSON summary
+    python build.py OUT_DIR        ->  OUT_DIR/{baseos,baseos-moved-on,epel,cuda}/ with repodata; prints a JSON summary
 """
 
 from __future__ import annotations
@@ -243,9 +247,17 @@ def kernel_spec(kernel: str) -> Spec:
         mkdir -p /boot && cp {modules}/vmlinuz /boot/vmlinuz-{kernel}.x86_64
         [ -x /usr/sbin/grubby ] && /usr/sbin/grubby --set-default /boot/vmlinuz-{kernel}.x86_64 || :
         """)
+    # installonlypkg(...): as EL's kernel.spec provides them, dnf installs a newer build next to the installed one
+    # instead of replacing it (both kernels stay, GRUB's default moves to the new one).
     return Spec("fake-kernel", version, release, None, "x86_64", [
-        SubPackage("kernel-core", dirs=[modules], files={f"{modules}/vmlinuz": "stand-in\n"}, posttrans=posttrans),
-        SubPackage("kernel-devel", files={f"/usr/src/kernels/{kernel}.x86_64/Makefile": "# stand-in\n"}),
+        SubPackage("kernel-core", dirs=[modules], files={f"{modules}/vmlinuz": "stand-in\n"}, posttrans=posttrans,
+                   provides=["installonlypkg(kernel)"]),
+        SubPackage("kernel-devel", files={f"/usr/src/kernels/{kernel}.x86_64/Makefile": "# stand-in\n"},
+                   provides=["installonlypkg(kernel)"]),
+        # A site's extra package that brings a kernel-core in: asked for by its bare name, dnf takes the newest
+        # build, which requires its own (newer) kernel-core (on EL: kernel-modules-extra without -$(uname -r)).
+        SubPackage("kernel-modules-extra", requires=[f"kernel-core = {version}-{release}"],
+                   files={f"{modules}/extra/hpc-train-stand-in.ko": "stand-in\n"}, provides=["installonlypkg(kernel-module)"]),
         SubPackage("kernel-headers", files={f"/usr/include/linux/hpc-train-stand-in-{release}.h": "/* stand-in */\n"}),
         # EL9's meta package: the devel files of exactly this kernel-core (which it requires: asked for by name alone,
         # the newest one brings the newest kernel-core with it).
@@ -342,6 +354,13 @@ def main(out_dir: Path) -> dict:
                     shutil.copy2(rpm, repos[repo_name] / rpm.name)
                 if spec.name == "fake-nvidia-driver":
                     driver_rpms[spec.version] = [nevra(rpm) for rpm in rpms]
+    # BaseOS after the mirror moved on to the next minor release (Rocky and Alma keep only the current minor's
+    # packages in BaseOS/AppStream; the older ones go to their vault): the newer kernel's packages only.
+    repos["baseos-moved-on"] = out_dir / "baseos-moved-on"
+    repos["baseos-moved-on"].mkdir()
+    for rpm in repos["baseos"].glob("*.rpm"):
+        if KERNEL not in rpm.name:
+            shutil.copy2(rpm, repos["baseos-moved-on"] / rpm.name)
     for repo in repos.values():
         subprocess.run(["createrepo_c", "--quiet", str(repo)], check=True)
     modules_file = out_dir / "modules.yaml"
