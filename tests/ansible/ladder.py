@@ -11,6 +11,8 @@ Rungs, each printed with its wall time:
   nccl_pin          an NCCL pin change on a root whose dnf honours the versionlock list (the old lock must not block it)
   live_change       the driver lifecycle on a live node (rungs_live.py): drain, change, reboot through Slurm, check,
                     resume; rollback 570 -> 550; unknown NodeName; kernel update; failed fabric manager
+  secure_boot       Secure Boot's signed path on a live node (rungs_secure_boot.py): the site's enrolled key pair checked
+                    (not enrolled, pending, mismatched: refused), DKMS signing with it, the module loading after the reboot
   gpu_validate      validate.yml against a stand-in nvidia-smi (rungs_nodes.py)
   pytorch_env       the pytorch_env role for real from stand-in wheels; docs/ansible.md's offline recipe
   real_slurm        site.yml --tags slurm against a real Slurm 22.05 (rungs_slurm.py): classic and configless
@@ -41,11 +43,12 @@ import ladder_lib  # noqa: E402
 import rungs_live  # noqa: E402
 import rungs_nodes  # noqa: E402
 import rungs_packages  # noqa: E402
+import rungs_secure_boot  # noqa: E402
 import rungs_slurm  # noqa: E402
 from ladder_lib import ANSIBLE, EXAMPLE, WORK, ansible_env, core_version, run, tail  # noqa: E402
 
 PLAYBOOKS = ["site.yml", "gpu_nodes.yml", "validate.yml", "image_build.yml"]
-RUNGS = ["static", "unit", "check", "converge", "live", "gpu_validate", "pytorch_env", "real_slurm"]
+RUNGS = ["static", "unit", "check", "converge", "live", "secure_boot", "gpu_validate", "pytorch_env", "real_slurm"]
 # Slurm's running configuration in the check rung: what site.yml's controller play leaves (scontrol show config).
 CHECK_SLURM_CONFIG = {"GresTypes": "gpu", "PropagateResourceLimits": "(null)", "PropagateResourceLimitsExcept": "MEMLOCK"}
 
@@ -239,10 +242,15 @@ def main() -> int:
                 with ladder.rung(f"check[{label}]"):
                     check_mode(ladder, venv, label)
 
+    converged = threading.Event()  # secure_boot (pipeline C) starts from the converged root
+
     def pipeline_b() -> None:
         if "converge" in wanted:
-            with ladder.rung(f"converge[{core_216}]"):
-                rungs_packages.converge(ladder, args.core_216)
+            try:
+                with ladder.rung(f"converge[{core_216}]"):
+                    rungs_packages.converge(ladder, args.core_216)
+            finally:
+                converged.set()
         if "live" in wanted:
             with ladder.rung(f"live_change[{core_216}]"):
                 rungs_live.live_change(ladder, args.core_216)
@@ -258,6 +266,12 @@ def main() -> int:
             if rung in wanted:
                 with ladder.rung(f"{name}[{core_216}]"):
                     function(ladder, args.core_216)
+        if "secure_boot" in wanted:
+            # Off the critical path: C ends well before B (converge, then live_change), so it waits for the root here.
+            if "converge" in wanted:
+                converged.wait()
+            with ladder.rung(f"secure_boot[{core_216}]"):
+                rungs_secure_boot.secure_boot_rung(ladder, args.core_216)
 
     # D: the real Slurm; it waits on its daemons (start-up, health check intervals, jobs) as much as it computes, so
     # it runs a little below B but above A and C.

@@ -29,7 +29,9 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fake_repos"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kmod_elf  # noqa: E402
+from fake_secure_boot import secure_boot  # noqa: E402
 
 DEFAULT_CONFIG = {
     "GresTypes": "(null)", "PluginDir": "/usr/lib64/slurm", "PropagateResourceLimits": "ALL",
@@ -66,6 +68,8 @@ def reboot(state: dict, reason: str, next_state: str) -> None:
         Path(machine["boot_id_file"]).write_text(f"{uuid.uuid4()}\n")
     modules = Path(machine["root"]) / "lib" / "modules" / machine["kernel"]
     built = sorted(modules.rglob("nvidia.ko*")) if modules.exists() and machine.get("module_loads", True) else []
+    # Under Secure Boot the kernel loads only a module whose signature an enrolled certificate verifies (real openssl).
+    built = [module for module in built if secure_boot.module_loads(module, Path(machine["root"]))]
     loaded = Path(machine["loaded_version_file"])
     if built:
         info = kmod_elf.read_modinfo(built[0])
