@@ -112,7 +112,7 @@ def unit(ladder: Ladder, venv: Path, core_216: Path) -> None:
     junit = WORK / "unit-junit.xml"
     junit.unlink(missing_ok=True)
     result = run([str(venv / "bin" / "python"), "-m", "pytest", "-c", str(HERE / "pytest.ini"), "-q", f"--junitxml={junit}",
-                  "test_templates.py", "test_role_rules.py", "test_provision.py", "test_driver_facts.py", "test_slurm_conf_filters.py", "test_slurm_conf_read.py", "test_cuda_context.py", "test_target_python.py"],
+                  "test_templates.py", "test_role_rules.py", "test_provision.py", "test_driver_facts.py", "test_slurm_conf_filters.py", "test_slurm_conf_read.py", "test_cuda_context.py", "test_target_python.py", "test_secure_boot_stand_ins.py"],
                  ansible_env(venv, HPC_TRAIN_CORE_216=str(core_216)), WORK / "logs" / "unit.log")
     if not junit.exists():
         ladder.check("unit/pytest ran", False, tail(result.stdout + result.stderr))

@@ -51,7 +51,8 @@ def test_a_version_file_that_names_no_version_has_no_flavour() -> None:
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("modinfo-open.txt", {"version": "570.172.08", "flavor": "open", "signer": "", "sig_key": ""}),
+    ("modinfo-open.txt", {"version": "570.172.08", "flavor": "open", "signer": "DKMS module signing key",
+                          "sig_key": "3A:1F:0C:77:51:9E:6B:20"}),
     ("modinfo-proprietary.txt", {"version": "550.163.01", "flavor": "proprietary", "signer": "", "sig_key": ""}),
     # the real modinfo (kmod 30) on a stand-in module signed by the kernel's sign-file (Secure Boot, issue 29)
     ("modinfo-signed.txt", {"version": "570.1", "flavor": "open", "signer": "Site MOK",
