@@ -9,7 +9,8 @@ The state lives in the JSON file named by $HPC_TRAIN_FAKE_SLURM:
   config            Slurm's running configuration (scontrol show config), over DEFAULT_CONFIG
   machine           optional {root, kernel, loaded_version_file, boot_id_file, module_loads, boot_s}: `scontrol reboot`
                     "boots" the node into GRUB's default kernel (the root's grubby stand-in, else "kernel"): the driver
-                    loaded is the nvidia.ko built for it in that root (none when there is none or module_loads is false),
+                    loaded is the nvidia.ko built for it in that root (none when there is none, module_loads is false, or
+                    Secure Boot is on and no enrolled certificate verifies its signature: fake_secure_boot/),
                     a new boot id (a new boot time), and the node comes back as Slurm's node_mgr.c returns it (see reboot)
   history           every change of the node's state and reason, with its time: what Slurm would have scheduled on
   units             {unit: active | inactive | failed}: the node's systemd units (systemctl); a failed one fails to start
