@@ -117,8 +117,7 @@ def refused_before_any_change(ladder, node: Node) -> None:
               "would sign modules the kernel refuses. Set the key pair whose certificate is enrolled. Nothing was changed.")]
     for label, key, certificate, expected in cases:
         before = node.state()
-        result, records, slurm = node.play(label, key, certificate, "-e", "nvidia_driver_reboot=true",
-                                           "-e", "nvidia_driver_reboot_method=slurm")
+        result, records, slurm = node.play(label, key, certificate)
         failure = lib.first_failure(records, "el9-image") or {}
         ladder.check(f"secure_boot/{label}: refused with the fix, before the drain, the packages or DKMS's configuration",
                      failure.get("msg", "") == expected and updates(slurm) == [] and node.state() == before,
