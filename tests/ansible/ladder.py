@@ -13,6 +13,8 @@ Rungs, each printed with its wall time:
                     resume; rollback 570 -> 550; unknown NodeName; kernel update; failed fabric manager
   live_kernel_moves a driver install whose transaction would bring a newer kernel-core (rungs_kernel.py; with the live
                     rung, on fresh roots: runs in pipeline C beside converge)
+  secure_boot       Secure Boot's signed path on a live node (rungs_secure_boot.py): the site's enrolled key pair checked
+                    (not enrolled, pending, mismatched: refused), DKMS signing with it, the module loading after the reboot
   gpu_validate      validate.yml against a stand-in nvidia-smi (rungs_nodes.py)
   pytorch_env       the pytorch_env role for real from stand-in wheels; docs/ansible.md's offline recipe
   real_slurm        site.yml --tags slurm against a real Slurm 22.05 (rungs_slurm.py): classic and configless
@@ -44,11 +46,12 @@ import rungs_kernel  # noqa: E402
 import rungs_live  # noqa: E402
 import rungs_nodes  # noqa: E402
 import rungs_packages  # noqa: E402
+import rungs_secure_boot  # noqa: E402
 import rungs_slurm  # noqa: E402
 from ladder_lib import ANSIBLE, EXAMPLE, WORK, ansible_env, core_version, run, tail  # noqa: E402
 
 PLAYBOOKS = ["site.yml", "gpu_nodes.yml", "validate.yml", "image_build.yml"]
-RUNGS = ["static", "unit", "check", "converge", "live", "gpu_validate", "pytorch_env", "real_slurm"]
+RUNGS = ["static", "unit", "check", "converge", "live", "secure_boot", "gpu_validate", "pytorch_env", "real_slurm"]
 # Slurm's running configuration in the check rung: what site.yml's controller play leaves (scontrol show config).
 CHECK_SLURM_CONFIG = {"GresTypes": "gpu", "PropagateResourceLimits": "(null)", "PropagateResourceLimitsExcept": "MEMLOCK"}
 
@@ -112,7 +115,7 @@ def unit(ladder: Ladder, venv: Path, core_216: Path) -> None:
     junit = WORK / "unit-junit.xml"
     junit.unlink(missing_ok=True)
     result = run([str(venv / "bin" / "python"), "-m", "pytest", "-c", str(HERE / "pytest.ini"), "-q", f"--junitxml={junit}",
-                  "test_templates.py", "test_role_rules.py", "test_provision.py", "test_driver_facts.py", "test_slurm_conf_filters.py", "test_slurm_conf_read.py", "test_cuda_context.py", "test_target_python.py"],
+                  "test_templates.py", "test_role_rules.py", "test_provision.py", "test_driver_facts.py", "test_slurm_conf_filters.py", "test_slurm_conf_read.py", "test_cuda_context.py", "test_target_python.py", "test_secure_boot_stand_ins.py"],
                  ansible_env(venv, HPC_TRAIN_CORE_216=str(core_216)), WORK / "logs" / "unit.log")
     if not junit.exists():
         ladder.check("unit/pytest ran", False, tail(result.stdout + result.stderr))
@@ -242,10 +245,15 @@ def main() -> int:
                 with ladder.rung(f"check[{label}]"):
                     check_mode(ladder, venv, label)
 
+    converged = threading.Event()  # secure_boot (pipeline C) starts from the converged root
+
     def pipeline_b() -> None:
         if "converge" in wanted:
-            with ladder.rung(f"converge[{core_216}]"):
-                rungs_packages.converge(ladder, args.core_216)
+            try:
+                with ladder.rung(f"converge[{core_216}]"):
+                    rungs_packages.converge(ladder, args.core_216)
+            finally:
+                converged.set()
         if "live" in wanted:
             with ladder.rung(f"live_change[{core_216}]"):
                 rungs_live.live_change(ladder, args.core_216)
@@ -262,6 +270,12 @@ def main() -> int:
             if rung in wanted:
                 with ladder.rung(f"{name}[{core_216}]"):
                     function(ladder, args.core_216)
+        if "secure_boot" in wanted:
+            # Off the critical path: C ends well before B (converge, then live_change), so it waits for the root here.
+            if "converge" in wanted:
+                converged.wait()
+            with ladder.rung(f"secure_boot[{core_216}]"):
+                rungs_secure_boot.secure_boot_rung(ladder, args.core_216)
 
     # D: the real Slurm; it waits on its daemons (start-up, health check intervals, jobs) as much as it computes, so
     # it runs a little below B but above A and C.

@@ -13,8 +13,9 @@ LINT=ansible-lint==26.10.1
 # The last parso with a Python 2.7 grammar: the roles' own modules must compile on EL7's 2.7 and EL8's 3.6
 # (test_target_python.py); pure Python, installed apart from the venvs (ansible-lint's deps never see it).
 PARSO=parso==0.7.1
-# busybox-static: the shell rpm runs scriptlets with inside the fake EL roots; kmod: the real modinfo.
-APT_PACKAGES="rpm createrepo-c dnf python3-dnf dnf-plugins-core python3-venv busybox-static kmod"
+# busybox-static: the shell rpm runs scriptlets with inside the fake EL roots; kmod: the real modinfo; linux-kbuild-6.1:
+# the kernel's real sign-file, which the secure_boot rung's dkms stand-in signs modules with (openssl: its keys).
+APT_PACKAGES="rpm createrepo-c dnf python3-dnf dnf-plugins-core python3-venv busybox-static kmod linux-kbuild-6.1 openssl"
 mkdir -p "$CACHE"
 start=$(date +%s)
 
@@ -26,7 +27,7 @@ fail_setup() {  # the ladder could not even start: report it in the ladder's own
 
 phase_start=$(date +%s)
 missing=""
-for tool in rpm rpmbuild createrepo_c modifyrepo_c dnf modinfo chroot; do
+for tool in rpm rpmbuild createrepo_c modifyrepo_c dnf modinfo chroot openssl /usr/lib/linux-kbuild-6.1/scripts/sign-file; do
     command -v "$tool" >/dev/null || missing="$missing $tool"
 done
 # A static busybox (Debian's dynamic one would need a libc inside the fake roots).

@@ -51,8 +51,12 @@ def test_a_version_file_that_names_no_version_has_no_flavour() -> None:
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("modinfo-open.txt", {"version": "570.172.08", "flavor": "open"}),
-    ("modinfo-proprietary.txt", {"version": "550.163.01", "flavor": "proprietary"}),
+    ("modinfo-open.txt", {"version": "570.172.08", "flavor": "open", "signer": "DKMS module signing key",
+                          "sig_key": "3A:1F:0C:77:51:9E:6B:20"}),
+    ("modinfo-proprietary.txt", {"version": "550.163.01", "flavor": "proprietary", "signer": "", "sig_key": ""}),
+    # the real modinfo (kmod 30) on a stand-in module signed by the kernel's sign-file (Secure Boot, issue 29)
+    ("modinfo-signed.txt", {"version": "570.1", "flavor": "open", "signer": "Site MOK",
+                            "sig_key": "4D:5E:99:1D:BB:39:37:4F:3E:AF:57:76:96:5B:0F:95:FC:8B:DF:6A"}),
 ])
 def test_module_version_and_flavour_from_modinfo(name: str, expected: dict) -> None:
     # srcversion: and vermagic: must not be taken for version:
@@ -60,7 +64,8 @@ def test_module_version_and_flavour_from_modinfo(name: str, expected: dict) -> N
 
 
 def test_unknown_licence_is_kept_as_is() -> None:
-    assert facts.parse_modinfo("version:        1.0\nlicense:        GPL\n") == {"version": "1.0", "flavor": "GPL"}
+    assert facts.parse_modinfo("version:        1.0\nlicense:        GPL\n") == {"version": "1.0", "flavor": "GPL", "signer": "",
+                                                                                     "sig_key": ""}
 
 
 def test_enabled_stream_only() -> None:

@@ -9,7 +9,8 @@ The state lives in the JSON file named by $HPC_TRAIN_FAKE_SLURM:
   config            Slurm's running configuration (scontrol show config), over DEFAULT_CONFIG
   machine           optional {root, kernel, loaded_version_file, boot_id_file, module_loads, boot_s}: `scontrol reboot`
                     "boots" the node into GRUB's default kernel (the root's grubby stand-in, else "kernel"): the driver
-                    loaded is the nvidia.ko built for it in that root (none when there is none or module_loads is false),
+                    loaded is the nvidia.ko built for it in that root (none when there is none, module_loads is false, or
+                    Secure Boot is on and no enrolled certificate verifies its signature: fake_secure_boot/),
                     a new boot id (a new boot time), and the node comes back as Slurm's node_mgr.c returns it (see reboot)
   history           every change of the node's state and reason, with its time: what Slurm would have scheduled on
   units             {unit: active | inactive | failed}: the node's systemd units (systemctl); a failed one fails to start
@@ -29,7 +30,9 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fake_repos"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kmod_elf  # noqa: E402
+from fake_secure_boot import secure_boot  # noqa: E402
 
 DEFAULT_CONFIG = {
     "GresTypes": "(null)", "PluginDir": "/usr/lib64/slurm", "PropagateResourceLimits": "ALL",
@@ -66,6 +69,8 @@ def reboot(state: dict, reason: str, next_state: str) -> None:
         Path(machine["boot_id_file"]).write_text(f"{uuid.uuid4()}\n")
     modules = Path(machine["root"]) / "lib" / "modules" / machine["kernel"]
     built = sorted(modules.rglob("nvidia.ko*")) if modules.exists() and machine.get("module_loads", True) else []
+    # Under Secure Boot the kernel loads only a module whose signature an enrolled certificate verifies (real openssl).
+    built = [module for module in built if secure_boot.module_loads(module, Path(machine["root"]))]
     loaded = Path(machine["loaded_version_file"])
     if built:
         info = kmod_elf.read_modinfo(built[0])

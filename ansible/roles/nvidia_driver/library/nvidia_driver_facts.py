@@ -56,7 +56,7 @@ installed: {description: "Installed kernel module package: version, flavour, and
 driver_version: {description: "Version of the driver's userspace package (nvidia-driver-cuda; EL7 nvidia-driver-branch-N-cuda or nvidia-driver).", type: str, returned: always}
 stream: {description: The enabled nvidia-driver module stream, or empty., type: str, returned: always}
 packages: {description: "Installed packages matching package_patterns: name -> version.", type: dict, returned: always}
-modules: {description: "nvidia.ko modules built for the kernel: path, version, flavour.", type: list, returned: always}
+modules: {description: "nvidia.ko modules built for the kernel: path, version, flavour, signer and sig_key (\"\" when unsigned).", type: list, returned: always}
 built: {description: "The same modules as 'version flavour' strings, for messages.", type: list, returned: always}
 module_built: {description: Whether a module of the installed version and flavour is built for the kernel., type: bool, returned: always}
 version_mismatch: {description: The kernel module package and the userspace driver are installed at different versions., type: bool, returned: always}
@@ -103,9 +103,12 @@ def parse_stream(text):
 
 def parse_modinfo(text):
     """version and flavour of one module from `modinfo <file>` (its license tells the flavour)."""
-    fields = dict(re.findall(r"(?m)^(version|license):\s+(.*?)\s*$", text))
+    fields = dict(re.findall(r"(?m)^(version|license|signer|sig_key):\s+(.*?)\s*$", text))
     licence = fields.get("license", "")
-    return {"version": fields.get("version", ""), "flavor": LICENSE_FLAVOR.get(licence, licence)}
+    # signer and sig_key: what kmod reads from the appended PKCS#7 signature (the certificate's issuer CN and serial),
+    # "" for an unsigned module; the role compares sig_key with the site's enrolled certificate under Secure Boot.
+    return {"version": fields.get("version", ""), "flavor": LICENSE_FLAVOR.get(licence, licence),
+            "signer": fields.get("signer", ""), "sig_key": fields.get("sig_key", "")}
 
 
 def installed_driver(packages, kmod_packages):
@@ -211,7 +214,7 @@ def built_modules(module, root, kernel):
         rc, out, _ = module.run_command([module.get_bin_path("modinfo", required=True), path])
         info = parse_modinfo(out) if rc == 0 else {"version": ""}
         if info["version"]:
-            modules.append({"path": path, "version": info["version"], "flavor": info["flavor"]})
+            modules.append(dict(info, path=path))
     return modules
 
 
