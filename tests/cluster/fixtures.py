@@ -61,7 +61,7 @@ THIRD_NODE_SHAPE = {"HPCTRAIN_SLURM_NODES": "3", "HPCTRAIN_SLURM_MAX_ARRAY_SIZE"
 def slurm_cluster_3(slurm_cluster: harness.ClusterInfo) -> Iterator[harness.ClusterInfo]:
     """The cluster restarted with :data:`THIRD_NODE_SHAPE` for the tests that need it (about 12 s; they run last,
     :func:`pytest_collection_modifyitems`), and restarted in its default 2-node shape after them (a developer's
-    ``make slurm-up`` cluster, and every other suite, rely on it)."""
+    ``make slurm-up`` cluster relies on it) unless the cluster is stopped right after the session anyway."""
     mp = pytest.MonkeyPatch()
     for key, value in THIRD_NODE_SHAPE.items():
         mp.setenv(key, value)
@@ -71,9 +71,21 @@ def slurm_cluster_3(slurm_cluster: harness.ClusterInfo) -> Iterator[harness.Clus
         yield info
     finally:
         mp.undo()
-        restored = harness.start_cluster()
-        if len(restored.nodes) != 2:
-            pytest.fail(f"the 2-node shape was not restored: {restored.nodes}", pytrace=False)
+        if not _stopped_after_the_session(slurm_cluster):
+            restored = harness.start_cluster()
+            if len(restored.nodes) != 2:
+                pytest.fail(f"the 2-node shape was not restored: {restored.nodes}", pytrace=False)
+
+
+STOPPED_AFTER_TESTS = "HPCTRAIN_SLURM_STOPPED_AFTER_TESTS"
+"""Set to 1 by a caller that stops the cluster once the tests end (.ci/run): the 3-node shape is left as it is."""
+
+
+def _stopped_after_the_session(cluster: harness.ClusterInfo) -> bool:
+    """Whether the cluster is stopped right after this session — by :func:`slurm_cluster` (this session started
+    it) or by the caller (:data:`STOPPED_AFTER_TESTS`) — so a restart in the 2-node shape first (about 10 s) would be
+    for nothing (slurm-down stops any shape)."""
+    return cluster.started or os.environ.get(STOPPED_AFTER_TESTS) == "1"
 
 
 @pytest.fixture(scope="session")
