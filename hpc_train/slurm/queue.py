@@ -133,8 +133,9 @@ def _sbatch_interrupted(exc: SbatchInterrupted, job_name: str) -> SubmitInterrup
     the submission), else where to look for it."""
     job_id = exc.job_id
     if job_id:
-        return SubmitInterrupted(f"interrupted: sbatch had queued job {job_id}; it is cancelled with the rest of "
-                                 f"this submission (`squeue --me -j {job_id}` to see it gone)")
+        return SubmitInterrupted(f"interrupted: sbatch had queued job {job_id}; scancel was asked to cancel it with "
+                                 f"the rest of this submission (a warning above says if that failed; `squeue --me -j "
+                                 f"{job_id}` shows it)")
     return SubmitInterrupted(f"interrupted while sbatch ran: job {job_name!r} may be queued all the same; "
                              f"see `squeue --me --name {shlex.quote(job_name)}` and scancel it (its files are removed)")
 
