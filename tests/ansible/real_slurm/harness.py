@@ -1,4 +1,5 @@
-"""The ladder's real Slurm 22.05 (cluster.sh sets up munged, the bridge and one namespace "holder" per host): the
+"""The ladder's real Slurm 22.05, or 24.11 from tests/cluster's chroot (write_chroot_commands; rung real_slurm_newer)
+(cluster.sh sets up munged, the bridge and one namespace "holder" per host): the
 hosts' roots, their site slurm.conf before the roles run, starting the real daemons, and asking them.
 
 Every host is this machine seen through its own namespaces (network, hostname, mounts): /etc/slurm and /run are its
