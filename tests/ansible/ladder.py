@@ -18,6 +18,8 @@ Rungs, each printed with its wall time:
   gpu_validate      validate.yml against a stand-in nvidia-smi (rungs_nodes.py)
   pytorch_env       the pytorch_env role for real from stand-in wheels; docs/ansible.md's offline recipe
   real_slurm        site.yml --tags slurm against a real Slurm 22.05 (rungs_slurm.py): classic and configless
+  real_slurm_newer  a site's Include files on a real Slurm 24.11 from tests/cluster's chroot (rungs_slurm_newer.py): the
+                    duplicate NodeName refused, the site's keys kept, and without the refusal slurmctld does not start
 
 Four pipelines run in parallel threads (see main). Every check prints PASS or FAIL; the last line is
 "N passed, N failed". Usage:
@@ -48,10 +50,12 @@ import rungs_nodes  # noqa: E402
 import rungs_packages  # noqa: E402
 import rungs_secure_boot  # noqa: E402
 import rungs_slurm  # noqa: E402
+import rungs_slurm_newer  # noqa: E402
 from ladder_lib import ANSIBLE, EXAMPLE, WORK, ansible_env, core_version, run, tail  # noqa: E402
 
 PLAYBOOKS = ["site.yml", "gpu_nodes.yml", "validate.yml", "image_build.yml"]
-RUNGS = ["static", "unit", "check", "converge", "live", "secure_boot", "gpu_validate", "pytorch_env", "real_slurm"]
+RUNGS = ["static", "unit", "check", "converge", "live", "secure_boot", "gpu_validate", "pytorch_env", "real_slurm",
+         "real_slurm_newer"]
 # Slurm's running configuration in the check rung: what site.yml's controller play leaves (scontrol show config).
 CHECK_SLURM_CONFIG = {"GresTypes": "gpu", "PropagateResourceLimits": "(null)", "PropagateResourceLimitsExcept": "MEMLOCK"}
 
@@ -245,7 +249,7 @@ def main() -> int:
                 with ladder.rung(f"check[{label}]"):
                     check_mode(ladder, venv, label)
 
-    converged = threading.Event()  # secure_boot (pipeline C) starts from the converged root
+    converged = threading.Event()  # secure_boot (pipeline D) starts from the converged root
 
     def pipeline_b() -> None:
         if "converge" in wanted:
@@ -270,20 +274,25 @@ def main() -> int:
             if rung in wanted:
                 with ladder.rung(f"{name}[{core_216}]"):
                     function(ladder, args.core_216)
-        if "secure_boot" in wanted:
-            # Off the critical path: C ends well before B (converge, then live_change), so it waits for the root here.
-            if "converge" in wanted:
-                converged.wait()
-            with ladder.rung(f"secure_boot[{core_216}]"):
-                rungs_secure_boot.secure_boot_rung(ladder, args.core_216)
 
     # D: the real Slurm; it waits on its daemons (start-up, health check intervals, jobs) as much as it computes, so
-    # it runs a little below B but above A and C.
+    # it runs a little below B but above A and C. 22.05, then 24.11: one cluster at a time (the same namespaces); then
+    # secure_boot, which uses no cluster.
     def pipeline_d() -> None:
         ladder_lib.set_niceness(5)
         if "real_slurm" in wanted:
             with ladder.rung(f"real_slurm[{core_216}]"):
                 rungs_slurm.real_slurm(ladder, args.core_216)
+        if "real_slurm_newer" in wanted:
+            with ladder.rung(f"real_slurm_newer[{core_216}]"):
+                rungs_slurm_newer.real_slurm_newer(ladder, args.core_216)
+        if "secure_boot" in wanted:
+            # Last in D, from converge's root (long built by then): C carries live_kernel_moves, and D's real Slurm rungs
+            # end well before A's check rungs, so here it lengthens no pipeline past A.
+            if "converge" in wanted:
+                converged.wait()
+            with ladder.rung(f"secure_boot[{core_216}]"):
+                rungs_secure_boot.secure_boot_rung(ladder, args.core_216)
 
     threads = [threading.Thread(target=pipeline, name=pipeline.__name__)
                for pipeline in (pipeline_a, pipeline_b, pipeline_c, pipeline_d)]

@@ -281,11 +281,11 @@ def health(ladder, cluster: RealSlurm) -> None:
                  nodes.get("gpu01", {}).get("State") == "IDLE" and drained(nodes, "gpu-b02"),
                  json.dumps({n: {k: v.get(k) for k in ("State", "Reason")} for n, v in nodes.items()}))
     cluster.in_host(cluster.controller, "scontrol", "update", "nodename=gpu01", "state=drain", "reason=bad fan")
-    time.sleep(5)  # two health check intervals and more
+    checked = cluster.wait_health_checks("gpu01", 2)
     nodes = cluster.nodes()
-    ladder.check("real_slurm/gpu_health: a drain of someone else's on a healthy node is left alone",
-                 "DRAIN" in nodes.get("gpu01", {}).get("State", "") and nodes["gpu01"].get("Reason") == "bad fan",
-                 json.dumps({k: nodes.get("gpu01", {}).get(k) for k in ("State", "Reason")}))
+    ladder.check("real_slurm/gpu_health: a drain of someone else's on a healthy node is left alone (two checks later)",
+                 checked and "DRAIN" in nodes.get("gpu01", {}).get("State", "") and nodes["gpu01"].get("Reason") == "bad fan",
+                 f"checks ran: {checked}; " + json.dumps({k: nodes.get("gpu01", {}).get(k) for k in ("State", "Reason")}))
     xid_marker(ladder, cluster)
     # A node the driver role handed to Slurm's reboot (slurm_asap) comes back held with a DRAIN and the reboot's reason
     # (ReturnToService never clears a DRAIN): the check resumes it once healthy, as it would a DOWN one.
@@ -338,25 +338,27 @@ def xid_marker(ladder, cluster: RealSlurm) -> None:
         cluster.nodes()), 15) or cluster.nodes()
     reason = nodes.get("gpu01", {}).get("Reason")
     cluster.fake_gpus("gpu01")
-    time.sleep(5)  # two health check intervals and more, healthy again but for the Xid
+    checked = cluster.wait_health_checks("gpu01", 2)  # two whole checks that saw it healthy again but for the Xid
     after = cluster.nodes().get("gpu01", {})
     ladder.check("real_slurm/gpu_health: a node drained for an Xid that then loses a GPU keeps the Xid in its reason, and is not "
-                 "resumed once the GPU is back (the GPU needs an admin's reset)",
-                 reason == both and "DRAIN" in after.get("State", "") and after.get("Reason") == both,
-                 f"reason while a GPU was lost: {reason!r}; after: {json.dumps({k: after.get(k) for k in ('State', 'Reason')})}")
+                 "resumed once the GPU is back (the GPU needs an admin's reset; two checks later)",
+                 checked and reason == both and "DRAIN" in after.get("State", "") and after.get("Reason") == both,
+                 f"checks ran: {checked}; reason while a GPU was lost: {reason!r}; after: "
+                 f"{json.dumps({k: after.get(k) for k in ('State', 'Reason')})}")
     # The admin reboots the node (the GPU reset an Xid needs; here a new boot id): resumed only after the diagnostics,
     # without DCGM every check of the script, so not while a GPU is still missing, and as soon as they pass.
-    cluster.fake_gpus("gpu01", gpus=3)
-    boot_id.write_text("boot-2\n")
-    time.sleep(5)  # two health check intervals and more
+    with cluster.health_checks_held("gpu01"):  # the reboot: new boot id, the GPUs as they came back; no check across it
+        cluster.fake_gpus("gpu01", gpus=3)
+        boot_id.write_text("boot-2\n")
+    checked = cluster.wait_health_checks("gpu01", 2)  # two whole checks after the reboot, with a GPU still missing
     missing = cluster.nodes().get("gpu01", {})
     cluster.fake_gpus("gpu01")
     nodes = cluster.wait_nodes(["gpu01"], timeout_s=15)
     ladder.check("real_slurm/gpu_health: after a reboot, a node drained for an Xid is resumed only once the diagnostics pass "
-                 "(every check, no DCGM here): kept drained while a GPU is missing, resumed when all answer",
-                 "DRAIN" in missing.get("State", "") and "Xid 79" in missing.get("Reason", "")
+                 "(every check, no DCGM here): kept drained while a GPU is missing (two checks), resumed when all answer",
+                 checked and "DRAIN" in missing.get("State", "") and "Xid 79" in missing.get("Reason", "")
                  and nodes.get("gpu01", {}).get("State") == "IDLE",
-                 f"with a GPU missing: {json.dumps({k: missing.get(k) for k in ('State', 'Reason')})}; after: "
+                 f"checks ran: {checked}; with a GPU missing: {json.dumps({k: missing.get(k) for k in ('State', 'Reason')})}; after: "
                  f"{json.dumps({k: nodes.get('gpu01', {}).get(k) for k in ('State', 'Reason')})}")
 
 
@@ -367,12 +369,12 @@ def rolling_upgrade(ladder, cluster: RealSlurm) -> None:
     installed = cluster.root("gpu02") / INSTALLED_DRIVER.lstrip("/")
     installed.write_text("575.51.03\n")
     cluster.fake_gpus("gpu02", driver="575.51.03")
-    time.sleep(5)  # two health check intervals and more
+    checked = cluster.wait_health_checks("gpu02", 2) and cluster.wait_health_checks("gpu01", 1)
     nodes = cluster.nodes()
     ladder.check("real_slurm/gpu_health: in a rolling upgrade, a node whose batch installed 575 runs it without being drained "
                  "by a check still rendered with the 570 pin; the node not yet upgraded stays in service on 570",
-                 nodes.get("gpu-b02", {}).get("State") == "IDLE" and nodes.get("gpu01", {}).get("State") == "IDLE",
-                 json.dumps({n: {k: v.get(k) for k in ("State", "Reason")} for n, v in nodes.items()}))
+                 checked and nodes.get("gpu-b02", {}).get("State") == "IDLE" and nodes.get("gpu01", {}).get("State") == "IDLE",
+                 f"checks ran: {checked}; " + json.dumps({n: {k: v.get(k) for k in ("State", "Reason")} for n, v in nodes.items()}))
     installed.unlink()
     cluster.fake_gpus("gpu02")
     cluster.in_host(cluster.controller, "scontrol", "update", "nodename=gpu-b02", "state=resume")
@@ -400,10 +402,10 @@ def hung_nvidia_smi(ladder, cluster: RealSlurm) -> None:
         os.kill(pid, signal.SIGKILL)
     cluster.fake_gpus("gpu02", warning="WARNING: infoROM is corrupted at gpu 0000:17:00.0")
     nodes = cluster.wait_nodes(["gpu-b02"], timeout_s=20)
-    time.sleep(4)
+    checked = cluster.wait_health_checks("gpu02", 2)  # and stays so
     nodes = cluster.nodes()
     ladder.check("real_slurm/gpu_health: once nvidia-smi answers again the node is resumed, and its warning on stderr (infoROM) "
-                 "is not taken for a GPU", nodes.get("gpu-b02", {}).get("State") == "IDLE",
+                 "is not taken for a GPU (two checks later)", checked and nodes.get("gpu-b02", {}).get("State") == "IDLE",
                  json.dumps({k: nodes.get("gpu-b02", {}).get(k) for k in ("State", "Reason")}))
     cluster.fake_gpus("gpu02")
 

@@ -1,5 +1,5 @@
-"""On the harness restarted with a third node and MaxArraySize 10 (``slurm_cluster_3``; the 2-node shape is
-restored after this module; issue 18): a 2-node run whose rank hangs with ``hang_action: requeue`` is requeued,
+"""On the harness restarted with a third node and MaxArraySize 10 (``slurm_cluster_3``, session-scoped: these
+tests run last and share one restart, tests/cluster/fixtures.py; issue 18): a 2-node run whose rank hangs with ``hang_action: requeue`` is requeued,
 the hung rank's node excluded (the run's list, the job's ExcNodeList), and completes on the other two nodes with
 every epoch; a 25-point sweep becomes three job arrays that ``status``, ``cancel`` and ``report`` take as one."""
 

@@ -1,4 +1,5 @@
-"""The ladder's real Slurm 22.05 (cluster.sh sets up munged, the bridge and one namespace "holder" per host): the
+"""The ladder's real Slurm 22.05, or 24.11 from tests/cluster's chroot (write_chroot_commands; rung real_slurm_newer)
+(cluster.sh sets up munged, the bridge and one namespace "holder" per host): the
 hosts' roots, their site slurm.conf before the roles run, starting the real daemons, and asking them.
 
 Every host is this machine seen through its own namespaces (network, hostname, mounts): /etc/slurm and /run are its
@@ -10,10 +11,14 @@ NVML), systemd (bin/systemctl), the hosts' other software; jobs run as root.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -35,10 +40,14 @@ SITE_INCLUDE_FILE = SITE_INCLUDE.replace("%c", CLUSTER_NAME)
 class RealSlurm:
     """One shape of the cluster: {host: kind} with kind controller, node or login."""
 
-    def __init__(self, base: Path, python: Path, hosts: dict[str, str]) -> None:
+    def __init__(self, base: Path, python: Path, hosts: dict[str, str], slurm_bin: Path | None = None) -> None:
+        """slurm_bin: a directory of another release's Slurm commands (write_chroot_commands), first on every host's PATH."""
         self.base, self.python, self.hosts = base, python, hosts
         self.env = {**os.environ, "HPC_TRAIN_REAL_SLURM": str(base)}
         self.env.pop("SLURM_CONF", None)
+        self.env.pop("HPC_TRAIN_REAL_SLURM_BIN", None)
+        if slurm_bin:
+            self.env["HPC_TRAIN_REAL_SLURM_BIN"] = str(slurm_bin)
 
     def root(self, host: str) -> Path:
         return self.base / "roots" / host
@@ -58,12 +67,17 @@ class RealSlurm:
         """The site's included file (classic): GresTypes without gpu and the shell's limits propagated, set here."""
         return "GresTypes=bandwidth\nPropagateResourceLimits=ALL\n"
 
+    @property
+    def newer(self) -> bool:
+        """Slurm 24 or later: no task/none, and a cgroup plugin loaded unless disabled (tests/cluster/versions.sh)."""
+        return tuple(int(x) for x in self.slurm_version.split(".")[:2] if x.isdigit()) >= (24, 0)
+
     def site_slurm_conf(self, configless: bool = False) -> str:
         """The site's own slurm.conf before hpc-train: no GPUs in GresTypes, the shell's limits propagated (in the
         included site file in classic mode; configless ships only files next to slurm.conf, so there they stay here)."""
         b = self.base
         # task/none: 22.05 has it, 24.11 no longer (leave TaskPlugin unset there).
-        newer = tuple(int(x) for x in self.slurm_version.split(".")[:2] if x.isdigit()) >= (24, 0)
+        newer = self.newer
         return "\n".join([
             f"ClusterName={CLUSTER_NAME}", f"SlurmctldHost={self.controller}({CONTROLLER_IP})", "SlurmUser=root",
             f"SlurmctldPort={CTLD_PORT}", f"SlurmdPort={SLURMD_PORT}", "AuthType=auth/munge", "CredType=cred/munge",
@@ -92,7 +106,10 @@ class RealSlurm:
                 if not configless:
                     (etc / "slurm" / SITE_INCLUDE_FILE).write_text(self.site_include())
                 # The site's memory policy: the roles add the keys it did not set, never change this one.
-                (etc / "slurm" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nConstrainRAMSpace=no\n")
+                # From 24 slurmd loads the cgroup plugin even without task/cgroup, and these hosts own no delegated
+                # cgroup subtree: a site like that disables it (tests/cluster/versions.sh does the same).
+                plugin = "disabled" if self.newer else "autodetect"
+                (etc / "slurm" / "cgroup.conf").write_text(f"CgroupPlugin={plugin}\nConstrainRAMSpace=no\n")
             if kind == "node" and configless:
                 (etc / "sysconfig").mkdir()
                 (etc / "sysconfig" / "slurmd").write_text(f'SLURMD_OPTIONS="--conf-server {CONTROLLER_IP}:{CTLD_PORT}"\n')
@@ -204,8 +221,39 @@ class RealSlurm:
         # */`). The stand-in would die of it, and the next check would start another: so a hanging one leaves the
         # check's group (setsid keeps the pid the check recorded), as a process in D state outlives the kill.
         escape = "setsid " if state.get("hang") else ""
-        wrapper.write_text(f'#!/bin/sh\nHPC_TRAIN_FAKE_GPU={path} exec {escape}{HERE.parent / "fake_gpu" / "bin" / "nvidia-smi"} "$@"\n')
+        # Every call is logged first (health_checks_run counts the check's runs by it).
+        wrapper.write_text(f'#!/bin/sh\necho "$*" >>{self.smi_calls(host)}\n'
+                           f'HPC_TRAIN_FAKE_GPU={path} exec {escape}{HERE.parent / "fake_gpu" / "bin" / "nvidia-smi"} "$@"\n')
         wrapper.chmod(0o755)
+
+    def smi_calls(self, host: str) -> Path:
+        return self.base / f"nvidia-smi-calls-{host}"
+
+    def health_checks_run(self, host: str) -> int:
+        """How many gpu_health checks on `host` have asked its stand-in nvidia-smi for its GPUs (one query per check
+        that is not held up by a hung nvidia-smi). Checks run one at a time (the check's lock), so once the count is
+        k + 1, check k has ended: whatever it was going to do to the node's state, it has done."""
+        try:
+            lines = self.smi_calls(host).read_text().splitlines()
+        except FileNotFoundError:
+            return 0
+        return sum(line.startswith("--query-gpu=index,driver_version,") for line in lines)
+
+    @contextlib.contextmanager
+    def health_checks_held(self, host: str):
+        """No gpu_health check runs on `host` meanwhile: the check's own lock (one in progress is waited for, one that
+        starts meanwhile leaves at once, as the check does beside another). For what a real node changes all at once,
+        a reboot: a check that read the GPUs before it and the boot id after it would mix two boots."""
+        with open(self.root(host) / "run" / "hpc-train-gpu-health" / "check.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def wait_health_checks(self, host: str, checks: int, timeout_s: float = 60) -> bool:
+        """Until `checks` whole health checks on `host` have run from now on, each seeing the GPUs as they are now (a
+        check that asked nvidia-smi before now is not counted): a condition, not a time, so a busy machine cannot make
+        "still drained after two checks" pass before any check ran. False at the timeout."""
+        wanted = self.health_checks_run(host) + checks + 1  # the (checks + 1)-th query starts after the checks-th check ended
+        return bool(self.wait(f"{checks} health checks on {host}", lambda: self.health_checks_run(host) >= wanted, timeout_s))
 
     def hung_smi_pids(self, host: str) -> list[int]:
         """The stand-in nvidia-smi processes of `host` that hang (state hang=True): the check must not pile them up."""
@@ -222,3 +270,31 @@ class RealSlurm:
     def calls(self) -> list[dict]:
         path = self.base / "systemctl-calls.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# The commands of another Slurm release the ladder runs from a chroot of tests/cluster (slurm-chroot VERSION).
+CHROOT_COMMANDS = ("slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "sinfo", "srun", "scancel")
+IN_CHROOT = HERE.parent.parent / "cluster" / "in-chroot"
+REPO = HERE.parent.parent.parent
+
+
+def write_chroot_commands(chroot: Path, dest: Path) -> Path:
+    """One wrapper per command of CHROOT_COMMANDS in `dest` (for $HPC_TRAIN_REAL_SLURM_BIN): run inside a host (in-host),
+    it enters the chroot through tests/cluster/in-chroot, which copies the host's mount namespace, so the chroot sees
+    that host's /etc/slurm, /run, /etc/hosts and /dev (its fake GPUs), and the checkout (the cluster's state directory,
+    the stand-ins) at the same paths. A wrapper already inside the chroot (the health check slurmd runs there calls
+    the scontrol path the role found on the host at deploy time) runs the chroot's own command."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in CHROOT_COMMANDS:
+        inside = next((f"/usr/{d}/{name}" for d in ("sbin", "bin") if (chroot / "usr" / d / name).exists()), None)
+        if inside is None:
+            raise RuntimeError(f"{chroot} has no {name}")
+        wrapper = dest / name
+        wrapper.write_text(
+            f"#!/bin/sh\n# Slurm's {name} from {chroot}, with this host's files (real_slurm/harness.py, write_chroot_commands)\n"
+            f"[ -e /.hpctrain-recipe ] && exec {inside} \"$@\"  # inside the chroot already\n"
+            f"HPCTRAIN_CHROOT_HOSTS=/etc/hosts exec {shlex.quote(str(IN_CHROOT))} {shlex.quote(str(chroot))} "
+            f"{shlex.quote(f'{REPO}:/etc/slurm:/run')} {name} \"$@\"\n")
+        wrapper.chmod(0o755)
+    return dest
