@@ -138,7 +138,8 @@ def signed_module_loads(ladder, node: Node) -> None:
                  and (node.root / "var/lib/dkms/mok.key").exists(), f"rc={dkms.returncode} {dkms.stdout}{dkms.stderr} "
                  f"signers={node.signer(IMAGE_KERNEL)}")
     node.loaded.unlink()  # the driver was just installed: nothing loaded yet, so the run reboots into it
-    result, records, slurm = node.play("4-site-key-reboot", "site.key", "site.der", "-e", "gpu_preflight_secure_boot_policy=warn",
+    # The default policy (fail): a site with an enrolled key pair goes through without `warn`.
+    result, records, slurm = node.play("4-site-key-reboot", "site.key", "site.der",
                                        "-e", "nvidia_driver_reboot=true", "-e", "nvidia_driver_reboot_method=slurm")
     conf = node.root / DKMS_CONF
     ladder.check("secure_boot/DKMS is pointed at the site's key pair (framework.conf.d)",

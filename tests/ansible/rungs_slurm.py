@@ -63,11 +63,16 @@ def real_slurm(ladder, venv: Path) -> None:
         cluster.hosts = CONFIGLESS
         configless(ladder, venv, cluster)
     finally:
-        stopped = cluster.down()
-        clean = subprocess.run([str(lib.REPO / "tests" / "cluster" / "check-clean"), "--ours"], capture_output=True, text=True,
-                               env={**cluster.env, "HPCTRAIN_SLURM_DIR": str(base), "HPCTRAIN_SLURM_BRIDGE": "br-hpct-ans"})
-        ladder.check("real_slurm/the cluster is stopped, nothing of it left (tests/cluster/check-clean --ours)",
-                     stopped.returncode == 0 and clean.returncode == 0, stopped.stdout + stopped.stderr + clean.stdout)
+        stop_and_check_clean(ladder, cluster, base, "real_slurm")
+
+
+def stop_and_check_clean(ladder, cluster: RealSlurm, base: Path, rung: str) -> None:
+    """Stop the rung's cluster and check nothing of it is left (tests/cluster/check-clean --ours)."""
+    stopped = cluster.down()
+    clean = subprocess.run([str(lib.REPO / "tests" / "cluster" / "check-clean"), "--ours"], capture_output=True, text=True,
+                           env={**cluster.env, "HPCTRAIN_SLURM_DIR": str(base), "HPCTRAIN_SLURM_BRIDGE": "br-hpct-ans"})
+    ladder.check(f"{rung}/the cluster is stopped, nothing of it left (tests/cluster/check-clean --ours)",
+                 stopped.returncode == 0 and clean.returncode == 0, stopped.stdout + stopped.stderr + clean.stdout)
 
 
 def play(cluster: RealSlurm, venv: Path, label: str, *extra: str, limit: str = "") -> tuple[subprocess.CompletedProcess, list[dict]]:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import ladder_lib as lib
 from real_slurm.harness import SITE_INCLUDE_FILE, RealSlurm, write_chroot_commands
+import rungs_slurm
 from rungs_slurm import NODES, conf_lines, failures, pci_bus, play, registered_with_gpus, start_slurm
 
 # 24.11 in the ladder (one newer release keeps pipeline D within pipeline A's time); 26.05, whose chroot
@@ -58,11 +59,7 @@ def real_slurm_newer(ladder, venv: Path) -> None:
                         cluster.slurm_version):
             include_files(ladder, venv, cluster)
     finally:
-        stopped = cluster.down()
-        clean = subprocess.run([str(lib.REPO / "tests" / "cluster" / "check-clean"), "--ours"], capture_output=True, text=True,
-                               env={**cluster.env, "HPCTRAIN_SLURM_DIR": str(base), "HPCTRAIN_SLURM_BRIDGE": "br-hpct-ans"})
-        ladder.check("real_slurm_newer/the cluster is stopped, nothing of it left (tests/cluster/check-clean --ours)",
-                     stopped.returncode == 0 and clean.returncode == 0, stopped.stdout + stopped.stderr + clean.stdout)
+        rungs_slurm.stop_and_check_clean(ladder, cluster, base, "real_slurm_newer")
 
 
 def include_files(ladder, venv: Path, cluster: RealSlurm) -> None:
