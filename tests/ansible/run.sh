@@ -18,6 +18,15 @@ PARSO=parso==0.7.1
 APT_PACKAGES="rpm createrepo-c dnf python3-dnf dnf-plugins-core python3-venv busybox-static kmod linux-kbuild-6.1 openssl"
 mkdir -p "$CACHE"
 start=$(date +%s)
+# `run.sh --setup-only`: install what the ladder needs and stop (.ci/run does it in the background while the Python
+# suites run). The setup holds a lock, so a ladder started meanwhile waits for it instead of installing beside it.
+setup_only=false
+if [ "${1:-}" = "--setup-only" ]; then
+    setup_only=true
+    shift
+fi
+exec 8>"$CACHE/setup.lock"
+flock 8
 
 fail_setup() {  # the ladder could not even start: report it in the ladder's own format
     echo "FAIL  setup: $1"
@@ -69,6 +78,10 @@ if [ "$(cat "$CACHE/parso-0.7.1/.hpc-train-pins" 2>/dev/null)" != "$PARSO" ]; th
         || { tail -20 "$CACHE/pip-parso.log"; fail_setup "could not install $PARSO from PyPI (the 2.7/3.6 grammar check)"; }
 fi
 echo "--- setup: venvs ($CORE_216, $CORE_CURRENT, $LINT) and $PARSO: $(( $(date +%s) - phase_start )) s"
+exec 8>&-  # the setup is done: release its lock
+if $setup_only; then
+    exit 0
+fi
 
 # The ladder prints the total time (from $HPC_TRAIN_LADDER_START) and then its "N passed, N failed" line last.
 HPC_TRAIN_LADDER_START=$start exec "$CACHE/core-2.16/bin/python" "$HERE/ladder.py" \
