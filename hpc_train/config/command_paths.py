@@ -33,39 +33,59 @@ def is_python(program: str) -> bool:
     return bool(_PYTHON_NAME.fullmatch(Path(program).name))
 
 
+def read_python_options(words: list[str]) -> tuple[list[str], str | None, int]:
+    """python's own options at the start of ``words`` (its command line after the interpreter), read as python reads
+    them: one-letter options cluster (``-uX dev``, ``-Bm MOD``), ``-W``/``-X`` take the rest of the word or the next
+    word, ``--check-hash-based-pycs`` the next word, ``--`` ends them. Returns the option words (of a cluster that
+    holds ``-c``/``-m``, the letters before it), what comes after them and where: ``"script"`` (``words[i]`` is the
+    SCRIPT), ``"c"``/``"m"`` (``words[i]`` holds that letter; the code or module follows), ``"-"`` (stdin), or None
+    (no program)."""
+    options: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word == "--check-hash-based-pycs":
+            options += words[index:index + 2]
+            index += 2
+        elif word == "--":
+            after = index + 1
+            return options, (None if after == len(words) else "-" if words[after] == "-" else "script"), after
+        elif word == "-":
+            return options, "-", index
+        elif not word.startswith("-"):
+            return options, "script", index
+        elif word.startswith("--"):
+            options.append(word)
+            index += 1
+        else:
+            taken, program = _short_cluster(word, words[index + 1:index + 2])
+            options += taken
+            if program is not None:
+                return options, program, index
+            index += len(taken)  # the word, and the next one when -W/-X took it as its value
+    return options, None, index
+
+
+def _short_cluster(word: str, following: list[str]) -> tuple[list[str], str | None]:
+    """A word of one-letter options: the option words it makes (with the next word, when ``-W``/``-X`` ends it and
+    takes that as its value), and the program letter (``c``: code, ``m``: a module) that ends the options in it."""
+    letters = word[1:]
+    for position, letter in enumerate(letters):
+        if letter in "cm":
+            before = letters[:position]
+            return ([f"-{before}"] if before else []), letter
+        if letter in "WX":
+            return ([word] if letters[position + 1:] else [word, *following]), None
+    return [word], None
+
+
 def script_index(argv: tuple[str, ...] | list[str]) -> int | None:
     """The position of SCRIPT in ``python [OPTIONS] SCRIPT [ARGS]``; None when the program is not python or runs
     no script file (``-c``, ``-m``, ``-``, nothing)."""
     if not argv or not is_python(argv[0]):
         return None
-    index = 1
-    while index < len(argv):
-        word = argv[index]
-        if word == "-":
-            return None  # stdin
-        if word == "--check-hash-based-pycs":
-            index += 2
-        elif word.startswith("--"):
-            index += 1
-        elif word.startswith("-"):
-            takes = _short_cluster(word[1:])  # -u, -uc CODE, -Bm MOD, -W ignore, -Wignore, -OO, ...
-            if takes is None:
-                return None
-            index += 1 + takes
-        else:
-            return index
-    return None
-
-
-def _short_cluster(letters: str) -> int | None:
-    """How many next words a cluster of python's one-letter options takes as its value (0 or 1); None when it
-    ends the options with no script file (``c``: code, ``m``: a module)."""
-    for position, letter in enumerate(letters):
-        if letter in "cm":
-            return None
-        if letter in "WX":  # the value is the rest of the word, or the next word
-            return 0 if letters[position + 1:] else 1
-    return 0
+    _, program, at = read_python_options(list(argv[1:]))
+    return 1 + at if program == "script" else None
 
 
 def relative_paths(argv: tuple[str, ...]) -> list[int]:
