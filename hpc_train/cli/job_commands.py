@@ -325,8 +325,8 @@ def train(train_args: tuple[str, ...]) -> None:
       hpc-train train jobs/cifar10_lt_ldam_drw.yaml --dry-run --set train.data.root=/data/cifar
       hpc-train train jobs/cifar10_lt_ldam_drw.yaml --epochs 3 --set train.data.root=/data/cifar
     """
-    from ..rank.interpreter import interpreter_options
+    from ..rank.interpreter import same_interpreter
 
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *interpreter_options(), "-m", "hpc_train.train", *train_args])
+    os.execv(sys.executable, same_interpreter("-m", "hpc_train.train", *train_args))

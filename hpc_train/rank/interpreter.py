@@ -24,3 +24,8 @@ def interpreter_options(orig_argv: list[str] | None = None, argv: list[str] | No
     head = orig[1:len(orig) - (len(args) - 1)] if len(args) > 1 else orig[1:]  # options + the program
     options, _, _ = read_python_options(head)
     return options
+
+
+def same_interpreter(*program: str) -> list[str]:
+    """The argv that runs ``program`` (``-m MOD ARGS...``) with this interpreter and its own options."""
+    return [sys.executable, *interpreter_options(), *program]

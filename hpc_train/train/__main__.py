@@ -51,7 +51,7 @@ def _carry_run_dir(args: argparse.Namespace) -> None:
     from hpc_train.config import NO_SITE, job_path, resolve
     from hpc_train.errors import HpcTrainError
     from hpc_train.rank.dist import DistEnv
-    from hpc_train.rank.interpreter import interpreter_options
+    from hpc_train.rank.interpreter import same_interpreter
     from hpc_train.runs import rundir
 
     try:
@@ -64,7 +64,7 @@ def _carry_run_dir(args: argparse.Namespace) -> None:
     chosen = args.run_dir or str(rundir.alone_run_dir(spec.runs_dir, spec.name))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *interpreter_options(), "-m", "hpc_train.train", *sys.argv[1:]],
+    os.execve(sys.executable, same_interpreter("-m", "hpc_train.train", *sys.argv[1:]),
               {**os.environ, rundir.RUN_DIR_ENV: os.path.abspath(chosen)})  # -X dev, -W ... as it was started
 
 
